@@ -1,0 +1,216 @@
+"""``python -m sim``: run, validate, inspect, calibrate, report, traces, sweep, capacity.
+
+Every user mistake surfaces as one ``error: ...`` line on stderr and exit code 2; the
+subcommands are thin: they parse arguments, call the library, and print or write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sim.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "quickstart.yaml"
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return handler(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m sim", description="batchsim: LLM inference batching simulator")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_run(sub)
+    _add_validate(sub)
+    _add_schema(sub)
+    _add_list(sub)
+    _add_report(sub)
+    _add_traces(sub)
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
+    from sim.hardware import calibrate_cli
+
+    calibrate_cli.add_parser(sub)
+    sub.choices["calibrate"].set_defaults(handler=calibrate_cli.run)
+    try:
+        from sim.sweep import cli as sweep_cli
+    except ImportError:  # sweeps are optional until the sweep package lands
+        return
+    sweep_cli.add_parsers(sub)
+
+
+def _scenario_args(p: argparse.ArgumentParser, *, optional_file: bool = False) -> None:
+    if optional_file:
+        p.add_argument("file", nargs="?", default=str(DEFAULT_SCENARIO), help="scenario YAML (default: quickstart)")
+    else:
+        p.add_argument("file", help="scenario YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field by dotted path, e.g. workload.arrival.rate=4 (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario seed")
+
+
+def load_from_args(args: argparse.Namespace):  # noqa: ANN201 - returns sim.config.Scenario
+    """Load the scenario named on the command line with its --set/--seed overrides."""
+    from sim.scenario_io import load_scenario, parse_set_options
+
+    overrides = parse_set_options(args.overrides)
+    if args.seed is not None:
+        if args.seed < 0:
+            raise UserError(f"--seed = {args.seed}: must be >= 0")
+        overrides["seed"] = args.seed
+    return load_scenario(args.file, overrides)
+
+
+# --------------------------------------------------------------------------- run
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="simulate a scenario and write tables and plots")
+    _scenario_args(p, optional_file=True)
+    p.add_argument("--out", default=None, help="output folder (default: results/<name>/)")
+    p.add_argument("--policy", action="append", default=None, metavar="NAME", help="run only this policy (repeatable)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
+    p.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Simulate, print the summary table, write the output folder."""
+    from sim.report.tables import summary_text
+    from sim.runner import run
+
+    scenario = load_from_args(args)
+    result = run(scenario, policies=args.policy, progress=not args.quiet)
+    out_dir = Path(args.out) if args.out else Path("results") / scenario.name
+    result.save(out_dir, plots=not args.no_plots)
+    if not args.quiet:
+        facts = result.facts
+        print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {scenario.gpu} "
+              f"x{scenario.tensor_parallel}, cost model {facts['cost_model']}, simulated in {result.runtime_s:.1f}s")
+        print(summary_text(result.summary))
+        print(f"wrote {out_dir}/")
+    return 0
+
+
+# --------------------------------------------------------------------------- validate / schema / list
+def _add_validate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="check a scenario file (and that its model fits) without running it")
+    _scenario_args(p)
+    p.set_defaults(handler=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate the schema and resolve hardware, memory and workload."""
+    from sim.runner import resolve
+
+    scenario = load_from_args(args)
+    resolved = resolve(scenario)
+    facts = resolved.facts()
+    print(f"{args.file}: ok — {len(scenario.policies)} policies, {facts['requests']} requests, "
+          f"KV {facts['kv_blocks_per_replica']} blocks/replica, cost model {facts['cost_model']}")
+    return 0
+
+
+def _add_schema(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schema", help="print the scenario JSON Schema (for editor completion)")
+    p.set_defaults(handler=cmd_schema)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the JSON Schema of the scenario file."""
+    from sim.config import Scenario
+
+    print(json.dumps(Scenario.model_json_schema(), indent=2))
+    return 0
+
+
+def _add_list(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="list models, gpus, policies or arrivals")
+    p.add_argument("what", choices=["models", "gpus", "policies", "arrivals", "lengths", "traces"])
+    p.set_defaults(handler=cmd_list)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print one catalog."""
+    from sim.catalogs import catalog_lines
+
+    for line in catalog_lines(args.what):
+        print(line)
+    return 0
+
+
+# --------------------------------------------------------------------------- report / traces
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="regenerate results/ from the shipped scenarios")
+    p.add_argument("--scenarios", default=str(REPO_ROOT / "scenarios"), help="folder of scenario YAMLs")
+    p.add_argument("--out", default="results", help="results folder")
+    p.add_argument("--no-plots", action="store_true", help="skip PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Run every shipped scenario and write results/ plus the batching speedup table."""
+    from sim.reporting import regenerate_results
+
+    regenerate_results(Path(args.scenarios), Path(args.out), plots=not args.no_plots,
+                       progress=not args.quiet, log=print)
+    return 0
+
+
+def _add_traces(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("traces", help="fetch or convert public request traces")
+    tsub = p.add_subparsers(title="traces commands", metavar="ACTION")
+    fetch = tsub.add_parser("fetch", help="download a registered trace into the cache and convert it")
+    fetch.add_argument("name", help="registered trace name (python -m sim list traces)")
+    fetch.add_argument("--cache-dir", default=None, help="where to keep it (default: ~/.cache/batchsim/traces)")
+    fetch.set_defaults(handler=cmd_traces_fetch)
+    convert = tsub.add_parser("convert", help="convert an AzurePublicDataset LLM trace CSV to batchsim columns")
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    convert.set_defaults(handler=cmd_traces_convert)
+    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def cmd_traces_fetch(args: argparse.Namespace) -> int:
+    """Download and convert a registered public trace."""
+    from sim.workload.traces import fetch_trace
+
+    path = fetch_trace(args.name, Path(args.cache_dir) if args.cache_dir else None)
+    print(f"{args.name}: {path}")
+    return 0
+
+
+def cmd_traces_convert(args: argparse.Namespace) -> int:
+    """Convert a local AzurePublicDataset CSV."""
+    from sim.workload.traces import convert_azure_trace
+
+    src = Path(args.src)
+    if not src.is_file():
+        raise UserError(f"trace file not found: {src}")
+    rows = convert_azure_trace(src, Path(args.dst))
+    print(f"wrote {rows} requests to {args.dst}")
+    return 0

@@ -1,0 +1,313 @@
+"""Per-policy summary: pure functions from request and iteration records to one row.
+
+``summarize_run`` turns the requests DataFrame (one row per request) and the
+iterations DataFrame (one row per forward pass) of one policy run into the row that
+``summary.csv`` holds. Every column is defined with symbols and units in
+``docs/metrics.md``. Nothing here knows about SimPy or files; a metric that cannot be
+computed (no completed request, no SLO, no price) is NaN, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.config import SLOConfig
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "scenario", "policy", "requests", "completed", "duration_s", "throughput_rps",
+    "output_tps", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "norm_latency_mean_s",
+    "queue_p50_s", "gpu_busy_frac", "kv_peak_frac", "mean_batch_size", "preemptions",
+)  # fmt: skip
+"""The columns every ``summary.csv`` starts with, in this order (a published contract)."""
+
+EXTRA_COLUMNS: tuple[str, ...] = (
+    "timed_out", "rejected", "retries", "iterations", "replicas",
+    "ttft_mean_s", "tpot_mean_s", "tpot_p90_s", "e2e_max_s",
+    "queue_mean_s", "queue_p90_s", "queue_p99_s", "kv_mean_frac",
+    "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
+)  # fmt: skip
+"""Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "arrival_s", "output_tokens", "status", "first_scheduled_s", "first_token_s",
+    "completion_s", "queue_delay_s", "ttft_s", "tpot_s", "e2e_s", "norm_latency_s",
+    "preemptions", "retries",
+)  # fmt: skip
+"""Request columns the summary reads."""
+
+ITERATION_COLUMNS: tuple[str, ...] = (
+    "replica", "start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total",
+)
+"""Iteration columns the summary reads."""
+
+# Summary column -> (request column, statistic): a percentile in [0, 100], "mean" or "max".
+_LATENCY_STATS: dict[str, tuple[str, float | str]] = {
+    "ttft_p50_s": ("ttft_s", 50), "ttft_p90_s": ("ttft_s", 90), "ttft_p99_s": ("ttft_s", 99),
+    "ttft_mean_s": ("ttft_s", "mean"),
+    "tpot_p50_s": ("tpot_s", 50), "tpot_p90_s": ("tpot_s", 90), "tpot_p99_s": ("tpot_s", 99),
+    "tpot_mean_s": ("tpot_s", "mean"),
+    "e2e_mean_s": ("e2e_s", "mean"), "e2e_p50_s": ("e2e_s", 50), "e2e_p90_s": ("e2e_s", 90),
+    "e2e_p99_s": ("e2e_s", 99), "e2e_max_s": ("e2e_s", "max"),
+    "norm_latency_mean_s": ("norm_latency_s", "mean"),
+    "queue_mean_s": ("queue_delay_s", "mean"), "queue_p50_s": ("queue_delay_s", 50),
+    "queue_p90_s": ("queue_delay_s", 90), "queue_p99_s": ("queue_delay_s", 99),
+}  # fmt: skip
+
+_SECONDS_PER_HOUR = 3600.0
+_TIME_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "completion_s")
+
+
+def summarize_run(
+    requests: pd.DataFrame,
+    iterations: pd.DataFrame,
+    *,
+    scenario: str,
+    policy: str,
+    num_gpus: int = 1,
+    warmup_s: float = 0.0,
+    slo: SLOConfig | None = None,
+    gpu_hour_usd: float | None = None,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """Summarize one policy run into one ``summary.csv`` row.
+
+    Args:
+        requests: one row per request (columns ``REQUEST_COLUMNS``; NaN latencies where
+            not applicable).
+        iterations: one row per forward pass, all of them (columns ``ITERATION_COLUMNS``).
+        scenario: scenario name, copied into the row.
+        policy: policy label, copied into the row.
+        num_gpus: GPUs used by the run (replicas x tensor-parallel degree), for the
+            per-GPU and per-dollar columns.
+        warmup_s: requests that arrived before this time are left out of latency
+            statistics and SLO attainment (they still count as requests and completions).
+        slo: latency bounds; without it ``slo_attainment`` and ``goodput_rps`` are NaN.
+        gpu_hour_usd: price of one GPU-hour; without it ``requests_per_usd`` is NaN.
+        replicas: GPU workers; default: distinct ``replica`` ids in ``iterations``.
+
+    Returns:
+        A dict with exactly the keys ``SUMMARY_COLUMNS + EXTRA_COLUMNS``, in that order.
+
+    Raises:
+        ValueError: a required column is missing or ``num_gpus``/``replicas`` < 1.
+    """
+    _require_columns(requests, REQUEST_COLUMNS, "requests")
+    _require_columns(iterations, ITERATION_COLUMNS, "iterations")
+    workers = _replica_count(iterations) if replicas is None else replicas
+    if num_gpus < 1 or workers < 1:
+        raise ValueError(f"num_gpus ({num_gpus}) and replicas ({workers}) must be >= 1")
+    start_s, end_s = run_window_s(requests, iterations)
+    duration_s = end_s - start_s
+    completed = (requests["status"] == "completed").to_numpy()
+    post_warmup = (requests["arrival_s"] >= warmup_s).to_numpy()
+    row: dict[str, Any] = {"scenario": scenario, "policy": policy}
+    row |= _counts(requests, iterations, completed, workers)
+    row |= _rates(requests, completed, duration_s, num_gpus, gpu_hour_usd)
+    row |= _latency_stats(requests[completed & post_warmup])
+    row |= _gpu_stats(iterations, duration_s, workers)
+    goodput_window_s = end_s - max(start_s, warmup_s)
+    row |= _slo_stats(requests[post_warmup], slo, goodput_window_s)
+    return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
+
+
+def summarize(
+    runs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], **same_kwargs: Any
+) -> pd.DataFrame:
+    """One summary row per policy run, in the mapping's order.
+
+    Args:
+        runs: policy label -> (requests, iterations) of that policy's run.
+        **same_kwargs: keyword arguments of :func:`summarize_run` shared by every run
+            (``scenario`` is required; ``policy`` comes from the mapping's keys).
+
+    Returns:
+        A DataFrame with columns ``SUMMARY_COLUMNS + EXTRA_COLUMNS``.
+    """
+    rows = [
+        summarize_run(requests, iterations, policy=policy, **same_kwargs)
+        for policy, (requests, iterations) in runs.items()
+    ]
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS + EXTRA_COLUMNS))
+
+
+def rounded(summary: pd.DataFrame, significant_digits: int = 10) -> pd.DataFrame:
+    """A copy with float columns rounded to ``significant_digits`` significant digits.
+
+    Summation order can differ in the last bits between CPUs (SIMD widths), so files
+    compared byte-for-byte across machines should be written from rounded values.
+    """
+    out = summary.copy()
+    for column in out.columns:
+        if pd.api.types.is_float_dtype(out[column]):
+            out[column] = [_round_significant(v, significant_digits) for v in out[column]]
+    return out
+
+
+def percentile(values: np.ndarray | pd.Series, q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of the non-NaN values; NaN if none."""
+    finite = _finite(values)
+    return float(np.percentile(finite, q)) if finite.size else math.nan
+
+
+def run_window_s(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float, float]:
+    """(start, end) of a run in seconds: first send to the last request event or
+    iteration end, whichever is later. NaN when there is nothing to measure."""
+    ends = [_nanmax(requests[c]) for c in _TIME_COLUMNS if c in requests.columns]
+    ends.append(_nanmax(iterations["start_s"] + iterations["duration_s"]))
+    start_s = _nanmin(requests["arrival_s"])
+    if math.isnan(start_s):
+        start_s = _nanmin(iterations["start_s"])
+    return start_s, _nanmax(pd.Series(ends, dtype=float))
+
+
+def _counts(
+    requests: pd.DataFrame, iterations: pd.DataFrame, completed: np.ndarray, workers: int
+) -> dict[str, int]:
+    status = requests["status"]
+    return {
+        "requests": len(requests),
+        "completed": int(completed.sum()),
+        "timed_out": int((status == "timed_out").sum()),
+        "rejected": int((status == "rejected").sum()),
+        "preemptions": int(requests["preemptions"].fillna(0).sum()),
+        "retries": int(requests["retries"].fillna(0).sum()),
+        "iterations": len(iterations),
+        "replicas": workers,
+    }
+
+
+def _rates(
+    requests: pd.DataFrame,
+    completed: np.ndarray,
+    duration_s: float,
+    num_gpus: int,
+    gpu_hour_usd: float | None,
+) -> dict[str, float]:
+    done = int(completed.sum())
+    throughput_rps = _per_second(done, duration_s)
+    gpu_hours = num_gpus * duration_s / _SECONDS_PER_HOUR
+    per_usd = math.nan if gpu_hour_usd is None else _ratio(done, gpu_hours * gpu_hour_usd)
+    return {
+        "duration_s": duration_s,
+        "throughput_rps": throughput_rps,
+        "output_tps": _per_second(requests["output_tokens"][completed].sum(), duration_s),
+        "rps_per_gpu": throughput_rps / num_gpus,
+        "requests_per_usd": per_usd,
+    }
+
+
+def _latency_stats(measured: pd.DataFrame) -> dict[str, float]:
+    stats = {}
+    for column, (source, stat) in _LATENCY_STATS.items():
+        values = measured[source]
+        if stat == "mean":
+            stats[column] = _nanmean(values)
+        elif stat == "max":
+            stats[column] = _nanmax(values)
+        else:
+            stats[column] = percentile(values, float(stat))
+    return stats
+
+
+def _gpu_stats(iterations: pd.DataFrame, duration_s: float, workers: int) -> dict[str, float]:
+    busy_s = iterations["duration_s"].to_numpy(dtype=float)
+    kv_frac = kv_fraction(iterations)
+    capacity_s = duration_s * workers
+    return {
+        "gpu_busy_frac": _clip_rounding(_ratio(busy_s.sum(), capacity_s)),
+        "kv_peak_frac": _nanmax(kv_frac),
+        # Between iterations a worker holds no running batch, so idle time counts as 0.
+        "kv_mean_frac": _ratio(float(np.nansum(kv_frac * busy_s)), capacity_s),
+        "mean_batch_size": _nanmean(iterations["batch_size"]),
+    }
+
+
+def kv_fraction(iterations: pd.DataFrame) -> np.ndarray:
+    """KV blocks used / KV blocks total per iteration (NaN where the total is 0)."""
+    used = iterations["kv_blocks_used"].to_numpy(dtype=float)
+    total = iterations["kv_blocks_total"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, used / np.where(total > 0, total, 1.0), np.nan)
+
+
+def _slo_stats(
+    measured: pd.DataFrame, slo: SLOConfig | None, window_s: float
+) -> dict[str, float]:
+    if slo is None or len(measured) == 0:
+        return {"slo_attainment": math.nan, "goodput_rps": math.nan}
+    met = slo_met(measured, slo)
+    return {
+        "slo_attainment": float(met.mean()),
+        "goodput_rps": _per_second(int(met.sum()), window_s),
+    }
+
+
+def slo_met(requests: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
+    """Per request: completed and within every bound ``slo`` gives.
+
+    A NaN TPOT (a one-token output has no inter-token gap) meets any TPOT bound.
+    """
+    met = (requests["status"] == "completed").to_numpy()
+    bounds = {"ttft_s": slo.ttft_p99_s, "tpot_s": slo.tpot_p99_s, "e2e_s": slo.e2e_p99_s}
+    for column, bound in bounds.items():
+        if bound is not None:
+            values = requests[column].to_numpy(dtype=float)
+            nan_ok = column == "tpot_s"
+            met &= (values <= bound) | (np.isnan(values) & nan_ok)
+    return met
+
+
+def _replica_count(iterations: pd.DataFrame) -> int:
+    return max(1, int(iterations["replica"].nunique()))
+
+
+def _require_columns(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} DataFrame lacks columns {missing}; it has {list(frame.columns)}")
+
+
+def _finite(values: np.ndarray | pd.Series) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    return array[~np.isnan(array)]
+
+
+def _nanmean(values: np.ndarray | pd.Series) -> float:
+    finite = _finite(values)
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def _nanmax(values: np.ndarray | pd.Series) -> float:
+    finite = _finite(values)
+    return float(finite.max()) if finite.size else math.nan
+
+
+def _nanmin(values: np.ndarray | pd.Series) -> float:
+    finite = _finite(values)
+    return float(finite.min()) if finite.size else math.nan
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return float(numerator) / denominator if denominator > 0 else math.nan
+
+
+def _per_second(count: float, duration_s: float) -> float:
+    return _ratio(count, duration_s)
+
+
+def _clip_rounding(fraction: float) -> float:
+    # Summed durations can exceed the elapsed span by float rounding only; a real excess
+    # (overlapping iterations on one worker) is an engine bug and is left visible.
+    return 1.0 if 1.0 < fraction <= 1.0 + 1e-9 else fraction
+
+
+def _round_significant(value: float, digits: int) -> float:
+    if not math.isfinite(value) or value == 0:
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))

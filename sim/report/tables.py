@@ -1,0 +1,185 @@
+"""Summary tables as text: Markdown for ``summary.md`` and a compact terminal table.
+
+Formatting is deterministic (fixed decimals per column, NaN shown as ``-``), so the
+same summary always renders to the same bytes and committed tables diff cleanly.
+Latencies below a second are shown in milliseconds, fractions as percentages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sim.errors import UserError, did_you_mean
+
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class ColumnFormat:
+    """How one summary column is shown.
+
+    Attributes:
+        header: Markdown header, with the unit.
+        short: terminal header (narrow).
+        scale: multiply the stored value by this (1000 for s -> ms, 100 for fraction -> %).
+        decimals: fixed number of decimals; None for text columns.
+    """
+
+    header: str
+    short: str
+    scale: float = 1.0
+    decimals: int | None = 2
+
+
+def _ms(header: str, short: str, decimals: int = 1) -> ColumnFormat:
+    return ColumnFormat(f"{header} (ms)", short, 1000.0, decimals)
+
+
+def _pct(header: str, short: str) -> ColumnFormat:
+    return ColumnFormat(f"{header} (%)", short, 100.0, 1)
+
+
+FORMATS: dict[str, ColumnFormat] = {
+    "scenario": ColumnFormat("scenario", "scenario", decimals=None),
+    "policy": ColumnFormat("policy", "policy", decimals=None),
+    "requests": ColumnFormat("requests", "reqs", decimals=0),
+    "completed": ColumnFormat("completed", "done", decimals=0),
+    "timed_out": ColumnFormat("timed out", "t/o", decimals=0),
+    "rejected": ColumnFormat("rejected", "rej", decimals=0),
+    "retries": ColumnFormat("retries", "retry", decimals=0),
+    "iterations": ColumnFormat("iterations", "iters", decimals=0),
+    "replicas": ColumnFormat("replicas", "repl", decimals=0),
+    "duration_s": ColumnFormat("duration (s)", "dur s", decimals=1),
+    "throughput_rps": ColumnFormat("throughput (req/s)", "req/s", decimals=2),
+    "output_tps": ColumnFormat("output (tok/s)", "tok/s", decimals=0),
+    "ttft_mean_s": _ms("TTFT mean", "TTFTavg ms"),
+    "ttft_p50_s": _ms("TTFT p50", "TTFT50 ms"),
+    "ttft_p90_s": _ms("TTFT p90", "TTFT90 ms"),
+    "ttft_p99_s": _ms("TTFT p99", "TTFT99 ms"),
+    "tpot_mean_s": _ms("TPOT mean", "TPOTavg ms", 2),
+    "tpot_p50_s": _ms("TPOT p50", "TPOT50 ms", 2),
+    "tpot_p90_s": _ms("TPOT p90", "TPOT90 ms", 2),
+    "tpot_p99_s": _ms("TPOT p99", "TPOT99 ms", 2),
+    "e2e_mean_s": ColumnFormat("E2E mean (s)", "E2Eavg s", decimals=2),
+    "e2e_p50_s": ColumnFormat("E2E p50 (s)", "E2E50 s", decimals=2),
+    "e2e_p90_s": ColumnFormat("E2E p90 (s)", "E2E90 s", decimals=2),
+    "e2e_p99_s": ColumnFormat("E2E p99 (s)", "E2E99 s", decimals=2),
+    "e2e_max_s": ColumnFormat("E2E max (s)", "E2Emax s", decimals=2),
+    "norm_latency_mean_s": _ms("norm. latency mean (ms/token)", "norm ms/tok", 2),
+    "queue_mean_s": _ms("queue mean", "Qavg ms"),
+    "queue_p50_s": _ms("queue p50", "Q50 ms"),
+    "queue_p90_s": _ms("queue p90", "Q90 ms"),
+    "queue_p99_s": _ms("queue p99", "Q99 ms"),
+    "gpu_busy_frac": _pct("GPU busy", "busy %"),
+    "kv_peak_frac": _pct("KV peak", "KVmax %"),
+    "kv_mean_frac": _pct("KV mean", "KVavg %"),
+    "mean_batch_size": ColumnFormat("mean batch", "batch", decimals=1),
+    "preemptions": ColumnFormat("preemptions", "preempt", decimals=0),
+    "slo_attainment": _pct("SLO attained", "SLO %"),
+    "goodput_rps": ColumnFormat("goodput (req/s)", "good/s", decimals=2),
+    "rps_per_gpu": ColumnFormat("req/s per GPU", "req/s/GPU", decimals=2),
+    "requests_per_usd": ColumnFormat("requests per USD", "req/$", decimals=0),
+}
+"""Display format of every known summary column; other columns get a generic one."""
+
+MARKDOWN_COLUMNS: tuple[str, ...] = (
+    "policy", "requests", "completed", "throughput_rps", "output_tps", "ttft_p50_s",
+    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_mean_s", "e2e_p99_s", "queue_p50_s",
+    "gpu_busy_frac", "kv_peak_frac", "mean_batch_size", "preemptions",
+)  # fmt: skip
+"""Default columns of ``summary.md``."""
+
+TEXT_COLUMNS: tuple[str, ...] = (
+    "policy", "completed", "throughput_rps", "output_tps", "ttft_p50_s", "ttft_p99_s",
+    "tpot_p50_s", "e2e_mean_s", "e2e_p99_s", "gpu_busy_frac", "kv_peak_frac",
+    "mean_batch_size", "preemptions",
+)  # fmt: skip
+"""Default columns of the terminal table."""
+
+# Shown by default only when they carry information (some overload or an SLO).
+_IF_NONZERO = ("timed_out", "rejected")
+_IF_PRESENT = ("slo_attainment", "goodput_rps")
+
+
+def summary_markdown(summary: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
+    """Render a summary as a Markdown table (one row per policy).
+
+    Args:
+        summary: the DataFrame from :func:`sim.metrics.summary.summarize`.
+        columns: summary columns to show, in order; default ``MARKDOWN_COLUMNS`` plus
+            timed-out/rejected counts when non-zero and SLO columns when an SLO was set.
+
+    Returns:
+        The table, ending with a newline; identical input gives an identical string.
+
+    Raises:
+        UserError: a requested column is not in ``summary``.
+    """
+    chosen = _choose_columns(summary, columns, MARKDOWN_COLUMNS)
+    headers = [_format_of(c).header for c in chosen]
+    rows = [[format_value(summary[c].iloc[i], c) for c in chosen] for i in range(len(summary))]
+    numeric = [_format_of(c).decimals is not None for c in chosen]
+    return markdown_table(headers, rows, numeric)
+
+
+def summary_text(summary: pd.DataFrame) -> str:
+    """Render a summary as a compact, space-aligned table for the terminal."""
+    chosen = _choose_columns(summary, None, TEXT_COLUMNS)
+    headers = [_format_of(c).short for c in chosen]
+    rows = [[format_value(summary[c].iloc[i], c) for c in chosen] for i in range(len(summary))]
+    numeric = [_format_of(c).decimals is not None for c in chosen]
+    widths = _widths(headers, rows)
+    lines = [_join(headers, widths, numeric, "  ")]
+    lines += [_join(row, widths, numeric, "  ") for row in rows]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
+    """A padded Markdown pipe table; numeric columns right-aligned."""
+    widths = [max(w, 3) for w in _widths(headers, rows)]
+    rules = [("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric)]
+    lines = [_join(headers, widths, numeric, " | "), " | ".join(rules)]
+    lines += [_join(row, widths, numeric, " | ") for row in rows]
+    return "".join(f"| {line} |\n" for line in lines)
+
+
+def format_value(value: object, column: str) -> str:
+    """Format one cell of ``column`` with that column's unit and fixed decimals."""
+    fmt = _format_of(column)
+    if fmt.decimals is None:
+        return str(value)
+    if value is None or pd.isna(value):
+        return MISSING
+    scaled = round(float(value) * fmt.scale, fmt.decimals) + 0.0  # + 0.0 turns -0.0 into 0.0
+    return f"{scaled:.{fmt.decimals}f}"
+
+
+def _format_of(column: str) -> ColumnFormat:
+    return FORMATS.get(column, ColumnFormat(column, column, decimals=3))
+
+
+def _choose_columns(
+    summary: pd.DataFrame, columns: Sequence[str] | None, default: Sequence[str]
+) -> list[str]:
+    if columns is not None:
+        for column in columns:
+            if column not in summary.columns:
+                hint = did_you_mean(column, summary.columns)
+                raise UserError(f"no summary column '{column}'{hint}", field="columns")
+        return list(columns)
+    chosen = [c for c in default if c in summary.columns]
+    chosen += [c for c in _IF_NONZERO if c in summary.columns and (summary[c].fillna(0) != 0).any()]
+    chosen += [c for c in _IF_PRESENT if c in summary.columns and summary[c].notna().any()]
+    return chosen
+
+
+def _widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+
+def _join(cells: Sequence[str], widths: Sequence[int], numeric: Sequence[bool], sep: str) -> str:
+    padded = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
+    return sep.join(padded)

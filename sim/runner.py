@@ -1,0 +1,225 @@
+"""Composition root: scenario in, :class:`RunResult` out, no file I/O.
+
+``run`` wires every component in one place: catalog -> KV budget -> cost model ->
+request stream -> one simulation per policy on that same stream -> summaries. The CLI,
+the notebooks and sweeps all call this function, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.config import Scenario
+from sim.errors import UserError, did_you_mean
+from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.hardware.cost_model import CostModel, load_cost_model
+from sim.hardware.memory import KVBudget, kv_budget
+from sim.metrics.summary import summarize_run
+from sim.scenario_io import load_scenario
+from sim.serving.engine import simulate
+from sim.workload.source import build_request_stream
+from sim.workload.stream import RequestStream
+
+ProgressFactory = Callable[[str, int], Callable[[float, int], None] | None]
+
+
+@dataclass(frozen=True)
+class ResolvedScenario:
+    """Everything derived from a scenario before simulating: never written back into it."""
+
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GPUSpec
+    kv: KVBudget
+    cost_model: CostModel
+    stream: RequestStream
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs used by the whole deployment (replicas x tensor parallel)."""
+        return self.scenario.replicas * self.scenario.tensor_parallel
+
+    def facts(self) -> dict[str, Any]:
+        """Derived values recorded next to the resolved scenario in the output folder."""
+        return {
+            "model_hf_name": self.model.hf_name,
+            "weights_gb_per_gpu": round(self.kv.weight_bytes_per_gpu / 1e9, 3),
+            "kv_bytes_per_token": self.kv.bytes_per_token,
+            "kv_blocks_per_replica": self.kv.num_blocks,
+            "kv_capacity_tokens_per_replica": self.kv.capacity_tokens,
+            "kv_blocks_pinned": self.kv.pinned,
+            "cost_model": self.cost_model.label,
+            "calibration": self.cost_model.source,
+            "num_gpus": self.num_gpus,
+            "requests": len(self.stream),
+            "max_output_tokens": self.stream.max_output_tokens,
+        }
+
+
+@dataclass
+class RunResult:
+    """Outcome of one scenario: one summary row per policy plus per-request and per-iteration records.
+
+    Attributes:
+        scenario: the validated scenario that was run.
+        facts: derived values (KV capacity, calibration used, ...).
+        summary: one row per policy; columns as ``summary.csv``.
+        requests: one row per request per policy (``policy`` column first).
+        iterations: one row per forward pass per policy (``policy`` column first).
+        runtime_s: wall-clock seconds the simulations took.
+    """
+
+    scenario: Scenario
+    facts: dict[str, Any]
+    summary: pd.DataFrame
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    runtime_s: float = 0.0
+    seed: int = field(default=0)
+
+    def save(self, out_dir: str | Path, *, plots: bool = True) -> Path:
+        """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`)."""
+        from sim.outputs import save_result
+
+        return save_result(self, Path(out_dir), plots=plots)
+
+    def __repr__(self) -> str:
+        from sim.report.tables import summary_text
+
+        head = f"RunResult({self.scenario.name!r}, seed={self.seed}, {len(self.summary)} policies, "
+        head += f"{self.facts.get('requests')} requests, {self.runtime_s:.1f}s)"
+        return head + "\n" + summary_text(self.summary)
+
+    def _repr_html_(self) -> str:
+        shown = ["policy", "completed", "throughput_rps", "output_tps", "ttft_p50_s", "ttft_p99_s",
+                 "tpot_p50_s", "e2e_mean_s", "e2e_p99_s", "gpu_busy_frac", "preemptions"]
+        title = f"<b>{self.scenario.name}</b> — seed {self.seed}, {self.facts.get('model_hf_name')}, "
+        title += f"cost model: {self.facts.get('cost_model')}"
+        table = self.summary[[c for c in shown if c in self.summary]].to_html(index=False, float_format="%.4g")
+        return f"<div>{title}{table}</div>"
+
+
+def resolve(scenario: Scenario) -> ResolvedScenario:
+    """Look up hardware, size the KV cache, load the cost model and draw the request stream.
+
+    Raises:
+        UserError: unknown model/GPU, model does not fit, or a request can never fit in the KV cache.
+    """
+    model = get_model(scenario.model)
+    gpu = get_gpu(scenario.gpu)
+    memory = scenario.memory
+    kv = kv_budget(
+        model, gpu, scenario.tensor_parallel,
+        gpu_memory_utilization=memory.gpu_memory_utilization, block_size=memory.block_size,
+        activation_reserve_gb=memory.activation_reserve_gb, kv_blocks=memory.kv_blocks,
+    )
+    cost_model = load_cost_model(
+        scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+    )
+    stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
+    _check_requests_fit(stream, kv)
+    return ResolvedScenario(scenario, model, gpu, kv, cost_model, stream)
+
+
+def _check_requests_fit(stream: RequestStream, kv: KVBudget) -> None:
+    largest = stream.max_request_tokens
+    # A request needing more blocks than exist could never be admitted; say so instead of hanging.
+    needed_blocks = -(-largest // kv.block_size)
+    if needed_blocks > kv.num_blocks:
+        raise UserError(
+            f"workload: the largest request needs {largest} tokens of KV (longest prompt + max_output_tokens "
+            f"{stream.max_output_tokens}) = {needed_blocks} blocks, but the KV cache holds {kv.num_blocks} blocks "
+            f"({kv.capacity_tokens} tokens); lower workload.max_output_tokens or the length clamps, "
+            f"or add memory (tensor_parallel, memory.gpu_memory_utilization)",
+            field="workload",
+        )
+
+
+def run(
+    scenario: Scenario | str | Path,
+    policies: Sequence[str] | None = None,
+    progress: bool | ProgressFactory = False,
+) -> RunResult:
+    """Simulate every policy of a scenario on one common request stream.
+
+    Args:
+        scenario: a Scenario, or a path to a scenario YAML file.
+        policies: names of the policies to run (default: all, in scenario order).
+        progress: True for a progress bar on stderr (shown when a run lasts over ~2 s),
+            or a factory ``(policy_name, total_requests) -> callback`` for custom reporting.
+
+    Returns:
+        RunResult with summary, per-request and per-iteration tables.
+    """
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    selected = select_policies(scenario, policies)
+    resolved = resolve(scenario)
+    factory = _progress_factory(progress)
+    started = time.perf_counter()
+    per_policy = {p.name: _simulate_policy(resolved, p, factory) for p in selected}
+    runtime_s = time.perf_counter() - started
+    return _assemble(resolved, per_policy, runtime_s)
+
+
+def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any]:
+    """The scenario's policy configs named in ``names`` (all when None); UserError for unknown names."""
+    if not names:
+        return list(scenario.policies)
+    known = [p.name for p in scenario.policies]
+    for name in names:
+        if name not in known:
+            raise UserError(f"--policy '{name}' is not in the scenario{did_you_mean(name, known)}; policies: {', '.join(known)}")
+    return [p for p in scenario.policies if p.name in names]
+
+
+def _simulate_policy(resolved: ResolvedScenario, policy: Any, factory: ProgressFactory | None) -> Any:
+    scenario = resolved.scenario
+    callback = factory(policy.name, len(resolved.stream)) if factory else None
+    try:
+        return simulate(
+            resolved.stream, policy, resolved.cost_model,
+            kv_blocks=resolved.kv.num_blocks, block_size=resolved.kv.block_size,
+            replicas=scenario.replicas, router=scenario.router, client=scenario.client,
+            admission=scenario.admission, seed=scenario.seed, progress=callback,
+        )
+    finally:
+        close = getattr(callback, "close", None)
+        if close:
+            close()
+
+
+def _assemble(resolved: ResolvedScenario, per_policy: dict[str, Any], runtime_s: float) -> RunResult:
+    scenario = resolved.scenario
+    rows = [
+        summarize_run(
+            out.requests, out.iterations, scenario=scenario.name, policy=name, num_gpus=resolved.num_gpus,
+            warmup_s=scenario.metrics.warmup_s, slo=scenario.slo, gpu_hour_usd=scenario.gpu_hour_usd,
+        )
+        for name, out in per_policy.items()
+    ]
+    summary = pd.DataFrame(rows)
+    requests = _stack({n: o.requests for n, o in per_policy.items()})
+    iterations = _stack({n: o.iterations for n, o in per_policy.items()})
+    return RunResult(scenario, resolved.facts(), summary, requests, iterations, runtime_s, scenario.seed)
+
+
+def _stack(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    parts = [frame.assign(policy=name)[["policy", *frame.columns]] for name, frame in frames.items()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _progress_factory(progress: bool | ProgressFactory) -> ProgressFactory | None:
+    if progress is False or progress is None:
+        return None
+    if callable(progress):
+        return progress
+    from sim.progress import tqdm_progress
+
+    return tqdm_progress

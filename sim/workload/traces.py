@@ -1,0 +1,367 @@
+"""Request traces: the registered public traces, finding them, loading and validating them.
+
+A batchsim trace is a CSV with ``arrived_at`` (seconds, ascending; optional for
+length-only traces), ``num_prefill_tokens`` and ``num_decode_tokens`` (whole numbers
+>= 1) — the format of the Splitwise conversation trace as published in Vidur's
+repository. Scenarios name a trace by path (relative to the scenario file) or by a
+registered name from :data:`TRACE_NAMES`; registered traces are looked up in
+``$BATCHSIM_TRACE_DIR``, then ``../shared/traces`` next to the repository, then the
+download cache (``python -m sim traces fetch NAME`` fills it).
+
+Every problem with a trace is a :class:`~sim.errors.UserError` naming the file, the
+line (as a text editor counts it: the header is line 1), the column and the value.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import UserError, did_you_mean
+
+ARRIVAL_COLUMN = "arrived_at"
+PROMPT_COLUMN = "num_prefill_tokens"
+OUTPUT_COLUMN = "num_decode_tokens"
+# Floats represent integers exactly up to 2**53; larger "token counts" are corrupt data.
+_MAX_TOKENS = 2**53
+_DOWNLOAD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """A public trace batchsim knows by name.
+
+    Attributes:
+        file: file name in the trace folders (and in the download cache).
+        description: one line for ``python -m sim list``/``traces`` output.
+        url: where ``fetch_trace`` downloads it from; None if it cannot be fetched.
+        source_format: ``"azure"`` (AzurePublicDataset columns, converted on fetch)
+            or ``"batchsim"`` (already in this module's format).
+        has_arrivals: whether the trace has arrival times (else lengths only).
+        license: licence of the data, to credit it.
+    """
+
+    file: str
+    description: str
+    url: str | None
+    source_format: Literal["azure", "batchsim"]
+    has_arrivals: bool
+    license: str
+
+
+_AZURE_DATA = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data"
+
+TRACE_NAMES: dict[str, TraceInfo] = {
+    "azure-conv-2023": TraceInfo(
+        file="splitwise_conv.csv",
+        description="Azure LLM inference trace 2023, conversation service (Splitwise, ISCA'24): "
+        "19,366 requests over one hour",
+        url=f"{_AZURE_DATA}/AzureLLMInferenceTrace_conv.csv",
+        source_format="azure",
+        has_arrivals=True,
+        license="CC-BY 4.0 (Microsoft AzurePublicDataset)",
+    ),
+    "azure-code-2023": TraceInfo(
+        file="splitwise_code.csv",
+        description="Azure LLM inference trace 2023, coding service (Splitwise, ISCA'24)",
+        url=f"{_AZURE_DATA}/AzureLLMInferenceTrace_code.csv",
+        source_format="azure",
+        has_arrivals=True,
+        license="CC-BY 4.0 (Microsoft AzurePublicDataset)",
+    ),
+    "arxiv-summarization": TraceInfo(
+        file="arxiv_summarization_lengths.csv",
+        description="arXiv long-document summarization: 28,257 (prompt, output) token counts, "
+        "Llama-2 tokenizer; no arrival times",
+        url="https://raw.githubusercontent.com/microsoft/vidur/main/data/processed_traces/"
+        "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+        source_format="batchsim",
+        has_arrivals=False,
+        license="MIT (Microsoft Vidur)",
+    ),
+}
+
+
+# --------------------------------------------------------------------------- locating
+def default_cache_dir() -> Path:
+    """Download cache for traces: ``$BATCHSIM_CACHE/traces``, else ``~/.cache/batchsim/traces``."""
+    root = os.environ.get("BATCHSIM_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "batchsim"
+    return base / "traces"
+
+
+def trace_search_dirs() -> list[Path]:
+    """Folders searched, in order, for a registered trace's file."""
+    dirs = []
+    if os.environ.get("BATCHSIM_TRACE_DIR"):
+        dirs.append(Path(os.environ["BATCHSIM_TRACE_DIR"]).expanduser())
+    # sim/workload/traces.py -> parents[2] is the repository root; shared/ sits next to it.
+    dirs.append(Path(__file__).resolve().parents[3] / "shared" / "traces")
+    dirs.append(default_cache_dir())
+    return dirs
+
+
+def resolve_trace_path(path_or_name: str, base_dir: str | None = None) -> Path:
+    """Find a trace file from a path or a registered trace name.
+
+    Args:
+        path_or_name: a registered name (see :data:`TRACE_NAMES`), or a CSV path; a
+            relative path is tried against ``base_dir`` and then the working directory.
+        base_dir: folder of the scenario file, if any.
+
+    Raises:
+        UserError: no such file, saying where it looked and how to get it.
+    """
+    if path_or_name in TRACE_NAMES:
+        return _find_registered(path_or_name)
+    path = Path(path_or_name).expanduser()
+    bases = [] if path.is_absolute() else [Path(b) for b in (base_dir, os.getcwd()) if b]
+    candidates = [b / path for b in bases] or [path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise UserError(
+        f"trace file not found: '{path_or_name}' (looked for {looked}); give a CSV path "
+        f"relative to the scenario file or a registered trace name "
+        f"({', '.join(TRACE_NAMES)}){did_you_mean(path_or_name, TRACE_NAMES)}"
+    )
+
+
+def _find_registered(name: str) -> Path:
+    info = TRACE_NAMES[name]
+    dirs = trace_search_dirs()
+    for folder in dirs:
+        if (folder / info.file).is_file():
+            return folder / info.file
+    how = (
+        f"download it with `python -m sim traces fetch {name}`"
+        if info.url
+        else f"copy {info.file} into one of them"
+    )
+    raise UserError(
+        f"trace '{name}' ({info.file}) not found in {', '.join(map(str, dirs))}; {how}, "
+        f"or set BATCHSIM_TRACE_DIR to a folder that holds it"
+    )
+
+
+# --------------------------------------------------------------------------- loading
+def load_trace(path_or_name: str, base_dir: str | None = None) -> pd.DataFrame:
+    """Read and validate a batchsim trace.
+
+    Args:
+        path_or_name: CSV path or registered trace name (see :func:`resolve_trace_path`).
+        base_dir: folder of the scenario file, if any.
+
+    Returns:
+        A frame with ``arrived_at`` (float seconds, ascending; only if the file has it),
+        ``num_prefill_tokens`` and ``num_decode_tokens`` (int64 >= 1); other columns dropped.
+
+    Raises:
+        UserError: missing file or column, unreadable CSV, a non-numeric or empty cell,
+            a token count that is not a whole number >= 1, or arrivals out of order.
+    """
+    path = resolve_trace_path(path_or_name, base_dir)
+    frame = _read_csv(path)
+    columns: dict[str, np.ndarray] = {}
+    if ARRIVAL_COLUMN in frame.columns:
+        columns[ARRIVAL_COLUMN] = _arrival_column(frame, path)
+    for column in (PROMPT_COLUMN, OUTPUT_COLUMN):
+        columns[column] = token_column(frame, column, path)
+    return pd.DataFrame(columns)
+
+
+def load_token_column(path_or_name: str, column: str, base_dir: str | None = None) -> np.ndarray:
+    """Read one column of token counts (int64 >= 1) from a CSV, validated like a trace."""
+    path = resolve_trace_path(path_or_name, base_dir)
+    return token_column(_read_csv(path), column, path)
+
+
+def token_column(frame: pd.DataFrame, column: str, path: Path, min_tokens: int = 1) -> np.ndarray:
+    """Validated whole-number column of ``frame`` as int64 (UserError names line and value)."""
+    values = _numeric_column(frame, column, path)
+    bad = (values < min_tokens) | (values != np.floor(values)) | (values > _MAX_TOKENS)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(
+            f"{_where(path, row, column)}: {_cell(frame[column].iloc[row])} is not a valid token "
+            f"count; token counts must be whole numbers >= {min_tokens}"
+        )
+    return values.astype(np.int64)
+
+
+def _arrival_column(frame: pd.DataFrame, path: Path) -> np.ndarray:
+    values = _numeric_column(frame, ARRIVAL_COLUMN, path)
+    backwards = np.flatnonzero(np.diff(values) < 0)
+    if backwards.size:
+        row = int(backwards[0]) + 1
+        raise UserError(
+            f"{_where(path, row, ARRIVAL_COLUMN)}: {values[row]:g} is earlier than the row before "
+            f"({values[row - 1]:g}); arrival times must be sorted ascending"
+        )
+    return values
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        # Blank lines are kept (as empty rows) so that row i is always line i + 2.
+        frame = pd.read_csv(path, skip_blank_lines=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable CSV file: {str(exc).strip()}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    filled = np.flatnonzero(~frame.isna().all(axis=1).to_numpy())
+    frame = frame.iloc[: filled[-1] + 1] if filled.size else frame.iloc[:0]
+    if frame.empty:
+        raise UserError(f"{path}: the file has a header but no data rows")
+    return frame
+
+
+def _numeric_column(frame: pd.DataFrame, column: str, path: Path) -> np.ndarray:
+    if column not in frame.columns:
+        present = [str(c) for c in frame.columns]
+        raise UserError(
+            f"{path}: no column '{column}'{did_you_mean(column, present)}; "
+            f"columns are: {', '.join(present)}"
+        )
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(f"{_where(path, row, column)}: {_cell(raw.iloc[row])} is not a finite number")
+    return values
+
+
+def _where(path: Path, row: int, column: str) -> str:
+    # Header is line 1, so data row i (0-based) is line i + 2.
+    return f"{path}, line {row + 2}, column '{column}'"
+
+
+def _cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "empty cell"
+    return f"value {str(value)!r}"
+
+
+# --------------------------------------------------------------------------- converting
+def convert_azure_trace(src: Path, dst: Path) -> int:
+    """Convert an AzurePublicDataset LLM trace to a batchsim trace.
+
+    The source has ``TIMESTAMP`` (e.g. ``2023-11-16 18:15:46.6805900``),
+    ``ContextTokens`` and ``GeneratedTokens``. Rows are ordered by time;
+    ``arrived_at`` is seconds since the first request. A count of 0 tokens becomes 1:
+    the request still arrived and was served, and the simulator needs >= 1.
+
+    Args:
+        src: the downloaded Azure CSV.
+        dst: where to write the batchsim CSV (atomically: temp file + rename).
+
+    Returns:
+        The number of requests written.
+
+    Raises:
+        UserError: a missing column, an unparseable timestamp, or a bad token count.
+    """
+    src, dst = Path(src), Path(dst)
+    frame = _read_csv(src)
+    stamps_ns = _timestamps_ns(frame, src)
+    order = np.argsort(stamps_ns, kind="stable")
+    prompt = np.maximum(token_column(frame, "ContextTokens", src, min_tokens=0), 1)
+    output = np.maximum(token_column(frame, "GeneratedTokens", src, min_tokens=0), 1)
+    converted = pd.DataFrame(
+        {
+            ARRIVAL_COLUMN: (stamps_ns[order] - stamps_ns[order[0]]) / 1e9,
+            PROMPT_COLUMN: prompt[order],
+            OUTPUT_COLUMN: output[order],
+        }
+    )
+    _write_atomically(converted, dst)
+    return len(converted)
+
+
+def _timestamps_ns(frame: pd.DataFrame, path: Path) -> np.ndarray:
+    if "TIMESTAMP" not in frame.columns:
+        _numeric_column(frame, "TIMESTAMP", path)  # raises the missing-column error
+    raw = frame["TIMESTAMP"]
+    stamps = pd.to_datetime(raw.astype("string"), format="ISO8601", errors="coerce")
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(
+            f"{_where(path, row, 'TIMESTAMP')}: {_cell(raw.iloc[row])} is not a timestamp "
+            f"like 2023-11-16 18:15:46.6805900"
+        )
+    return stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+
+
+def _write_atomically(frame: pd.DataFrame, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(handle)
+    try:
+        # 7 decimals keep the source's 100 ns timestamp resolution.
+        frame.to_csv(tmp_name, index=False, float_format="%.7f")
+        os.replace(tmp_name, dst)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------- fetching
+def fetch_trace(name: str, cache_dir: Path | None = None) -> Path:
+    """Download a registered public trace into the cache and convert it to batchsim format.
+
+    Args:
+        name: a key of :data:`TRACE_NAMES`, e.g. ``"azure-conv-2023"``.
+        cache_dir: target folder (default :func:`default_cache_dir`).
+
+    Returns:
+        Path of the converted trace. It is written atomically, so an interrupted or
+        failed fetch leaves no partial file behind.
+
+    Raises:
+        UserError: unknown name, a trace without a public URL, a network failure, or a
+            download that is not a valid trace.
+    """
+    if name not in TRACE_NAMES:
+        raise UserError(
+            f"unknown trace '{name}'{did_you_mean(name, TRACE_NAMES)}; "
+            f"registered traces: {', '.join(TRACE_NAMES)}"
+        )
+    info = TRACE_NAMES[name]
+    if info.url is None:
+        raise UserError(f"trace '{name}' has no public download URL; copy {info.file} by hand")
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    dst = folder / info.file
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
+        raw = Path(tmp) / "download.csv"
+        _download(info.url, raw, name)
+        if info.source_format == "azure":
+            convert_azure_trace(raw, dst)
+        else:
+            load_trace(str(raw))  # validate before it replaces anything
+            os.replace(raw, dst)
+    return dst
+
+
+def _download(url: str, dst: Path, name: str) -> None:
+    try:
+        with urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response, open(dst, "wb") as out:
+            shutil.copyfileobj(response, out)
+    except (URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise UserError(
+            f"could not download trace '{name}' from {url}: {reason}; check the network "
+            f"connection (or proxy settings) and retry"
+        ) from None
