@@ -136,14 +136,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _add_schema(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schema", help="print the scenario JSON Schema (for editor completion)")
+    p.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
     p.set_defaults(handler=cmd_schema)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Print the JSON Schema of the scenario file."""
     from sim.config import Scenario
+    from sim.schema_doc import schema_markdown
 
-    print(json.dumps(Scenario.model_json_schema(), indent=2))
+    print(schema_markdown() if args.markdown else json.dumps(Scenario.model_json_schema(), indent=2))
     return 0
 
 

@@ -310,7 +310,7 @@ class MetricsConfig(StrictModel):
 class Scenario(StrictModel):
     """One experiment: hardware, workload and the policies compared on the same request stream."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Scenario name; results go to results/<name>/.")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Scenario name; results go to results/NAME/.")
     seed: int = Field(0, ge=0, description="Seed of every random stream; same seed, same requests for every policy.")
     model: str = Field("llama-2-7b", description="Model name (python -m sim list models).")
     gpu: str = Field("a100-80gb", description="GPU name (python -m sim list gpus).")

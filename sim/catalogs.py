@@ -1,0 +1,69 @@
+"""``python -m sim list ...``: the catalogs a scenario may name, one line each."""
+
+from __future__ import annotations
+
+import typing
+
+from sim import config
+from sim.errors import UserError
+
+
+def catalog_lines(what: str) -> list[str]:
+    """Human-readable lines for one catalog: models, gpus, policies, arrivals, lengths or traces."""
+    listers = {
+        "models": _models, "gpus": _gpus, "policies": _policies,
+        "arrivals": lambda: _union_lines(config.Arrival), "lengths": lambda: _union_lines(config.Length),
+        "traces": _traces,
+    }
+    if what not in listers:
+        raise UserError(f"list: unknown catalog '{what}'; allowed: {', '.join(listers)}")
+    return listers[what]()
+
+
+def _models() -> list[str]:
+    from sim.hardware.catalog import MODELS
+    from sim.hardware.cost_model import calibrated_configs
+
+    calibrated = calibrated_configs()
+    lines = []
+    for name, m in MODELS.items():
+        tps = sorted(tp for (model, gpu, tp) in calibrated if model == name)
+        label = f"calibrated on a100-80gb at TP {','.join(map(str, tps))}" if tps else "roofline transfer"
+        lines.append(f"{name:<16} {m.hf_name:<36} {m.num_params / 1e9:6.1f}B params, "
+                     f"{m.num_layers} layers, {m.num_kv_heads}/{m.num_q_heads} KV/Q heads — {label}")
+    return lines
+
+
+def _gpus() -> list[str]:
+    from sim.hardware.catalog import GPUS
+
+    return [f"{name:<12} {g.peak_bf16_tflops:7.0f} TFLOP/s bf16, {g.hbm_gb_per_s:6.0f} GB/s HBM, "
+            f"{g.memory_gb:5.0f} GB" for name, g in GPUS.items()]
+
+
+def _policies() -> list[str]:
+    from sim.policies import POLICIES
+
+    configs = {cls.model_fields["kind"].default: cls for cls in _members(config.PolicyConfig)}
+    return [f"{kind:<16} {(configs[kind].__doc__ or '').strip()}" for kind in POLICIES]
+
+
+def _traces() -> list[str]:
+    from sim.workload.traces import TRACE_NAMES
+
+    return [f"{name:<22} {info}" for name, info in TRACE_NAMES.items()]
+
+
+def _union_lines(union: object) -> list[str]:
+    lines = []
+    for cls in _members(union):
+        fields = [f for f in cls.model_fields if f != "kind"]
+        kind = cls.model_fields["kind"].default
+        lines.append(f"{kind:<12} {{{', '.join(fields)}}}  {(cls.__doc__ or '').strip()}")
+    return lines
+
+
+def _members(union: object) -> list[type]:
+    annotated_args = typing.get_args(union)
+    inner = annotated_args[0] if annotated_args else union
+    return list(typing.get_args(inner))
