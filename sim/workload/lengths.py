@@ -77,7 +77,7 @@ def make_length_sampler(
     except UserError as exc:
         if exc.field is not None:
             raise
-        raise UserError(str(exc), field=field) from None
+        raise type(exc)(str(exc), field=field) from None
 
 
 def sample_lengths(

@@ -26,7 +26,7 @@ from urllib.request import urlopen
 import numpy as np
 import pandas as pd
 
-from sim.errors import UserError, did_you_mean
+from sim.errors import MissingDataError, UserError, did_you_mean
 
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
@@ -57,6 +57,10 @@ class TraceInfo:
     has_arrivals: bool
     license: str
 
+    def __str__(self) -> str:
+        kind = "arrivals + lengths" if self.has_arrivals else "lengths only"
+        return f"{self.description} ({kind}; {self.license}; file {self.file})"
+
 
 _AZURE_DATA = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data"
 
@@ -64,11 +68,11 @@ TRACE_NAMES: dict[str, TraceInfo] = {
     "azure-conv-2023": TraceInfo(
         file="splitwise_conv.csv",
         description="Azure LLM inference trace 2023, conversation service (Splitwise, ISCA'24): "
-        "19,366 requests over one hour",
+        "19,366 requests over 58 minutes",
         url=f"{_AZURE_DATA}/AzureLLMInferenceTrace_conv.csv",
         source_format="azure",
         has_arrivals=True,
-        license="CC-BY 4.0 (Microsoft AzurePublicDataset)",
+        license="CC-BY, Microsoft AzurePublicDataset",
     ),
     "azure-code-2023": TraceInfo(
         file="splitwise_code.csv",
@@ -76,17 +80,17 @@ TRACE_NAMES: dict[str, TraceInfo] = {
         url=f"{_AZURE_DATA}/AzureLLMInferenceTrace_code.csv",
         source_format="azure",
         has_arrivals=True,
-        license="CC-BY 4.0 (Microsoft AzurePublicDataset)",
+        license="CC-BY, Microsoft AzurePublicDataset",
     ),
     "arxiv-summarization": TraceInfo(
         file="arxiv_summarization_lengths.csv",
         description="arXiv long-document summarization: 28,257 (prompt, output) token counts, "
-        "Llama-2 tokenizer; no arrival times",
+        "Llama-2 tokenizer",
         url="https://raw.githubusercontent.com/microsoft/vidur/main/data/processed_traces/"
         "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
         source_format="batchsim",
         has_arrivals=False,
-        license="MIT (Microsoft Vidur)",
+        license="MIT, Microsoft Vidur",
     ),
 }
 
@@ -130,7 +134,7 @@ def resolve_trace_path(path_or_name: str, base_dir: str | None = None) -> Path:
         if candidate.is_file():
             return candidate
     looked = ", ".join(str(c) for c in candidates)
-    raise UserError(
+    raise MissingDataError(
         f"trace file not found: '{path_or_name}' (looked for {looked}); give a CSV path "
         f"relative to the scenario file or a registered trace name "
         f"({', '.join(TRACE_NAMES)}){did_you_mean(path_or_name, TRACE_NAMES)}"
@@ -148,7 +152,7 @@ def _find_registered(name: str) -> Path:
         if info.url
         else f"copy {info.file} into one of them"
     )
-    raise UserError(
+    raise MissingDataError(
         f"trace '{name}' ({info.file}) not found in {', '.join(map(str, dirs))}; {how}, "
         f"or set BATCHSIM_TRACE_DIR to a folder that holds it"
     )
@@ -238,7 +242,9 @@ def _numeric_column(frame: pd.DataFrame, column: str, path: Path) -> np.ndarray:
     bad = ~np.isfinite(values)
     if bad.any():
         row = int(np.argmax(bad))
-        raise UserError(f"{_where(path, row, column)}: {_cell(raw.iloc[row])} is not a finite number")
+        raise UserError(
+            f"{_where(path, row, column)}: {_cell(raw.iloc[row])} is not a finite number"
+        )
     return values
 
 
