@@ -201,6 +201,7 @@ def _assemble(resolved: ResolvedScenario, per_policy: dict[str, Any], runtime_s:
         summarize_run(
             out.requests, out.iterations, scenario=scenario.name, policy=name, num_gpus=resolved.num_gpus,
             warmup_s=scenario.metrics.warmup_s, slo=scenario.slo, gpu_hour_usd=scenario.gpu_hour_usd,
+            replicas=scenario.replicas,
         )
         for name, out in per_policy.items()
     ]

@@ -42,7 +42,12 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 """Request columns the summary reads."""
 
 ITERATION_COLUMNS: tuple[str, ...] = (
-    "replica", "start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total",
+    "replica",
+    "start_s",
+    "duration_s",
+    "batch_size",
+    "kv_blocks_used",
+    "kv_blocks_total",
 )
 """Iteration columns the summary reads."""
 
@@ -236,9 +241,7 @@ def kv_fraction(iterations: pd.DataFrame) -> np.ndarray:
         return np.where(total > 0, used / np.where(total > 0, total, 1.0), np.nan)
 
 
-def _slo_stats(
-    measured: pd.DataFrame, slo: SLOConfig | None, window_s: float
-) -> dict[str, float]:
+def _slo_stats(measured: pd.DataFrame, slo: SLOConfig | None, window_s: float) -> dict[str, float]:
     if slo is None or len(measured) == 0:
         return {"slo_attainment": math.nan, "goodput_rps": math.nan}
     met = slo_met(measured, slo)
@@ -259,7 +262,7 @@ def slo_met(requests: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
         if bound is not None:
             values = requests[column].to_numpy(dtype=float)
             nan_ok = column == "tpot_s"
-            met &= (values <= bound) | (np.isnan(values) & nan_ok)
+            met = met & ((values <= bound) | (np.isnan(values) & nan_ok))
     return met
 
 

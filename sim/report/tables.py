@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -137,16 +138,20 @@ def summary_text(summary: pd.DataFrame) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]
+) -> str:
     """A padded Markdown pipe table; numeric columns right-aligned."""
     widths = [max(w, 3) for w in _widths(headers, rows)]
-    rules = [("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric)]
+    rules = [
+        ("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric, strict=True)
+    ]
     lines = [_join(headers, widths, numeric, " | "), " | ".join(rules)]
     lines += [_join(row, widths, numeric, " | ") for row in rows]
     return "".join(f"| {line} |\n" for line in lines)
 
 
-def format_value(value: object, column: str) -> str:
+def format_value(value: Any, column: str) -> str:
     """Format one cell of ``column`` with that column's unit and fixed decimals."""
     fmt = _format_of(column)
     if fmt.decimals is None:
@@ -181,5 +186,7 @@ def _widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
 
 
 def _join(cells: Sequence[str], widths: Sequence[int], numeric: Sequence[bool], sep: str) -> str:
-    padded = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)]
+    padded = [
+        c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)
+    ]
     return sep.join(padded)

@@ -1,0 +1,241 @@
+"""Plot helpers: one Figure per call, expected lines/axes, binning that conserves totals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+
+from sim.errors import UserError
+from sim.metrics.summary import summarize_run
+from sim.report import plots
+
+POLICIES = ["static", "continuous", "paged"]
+
+
+def make_requests(policies: list[str], n: int = 200) -> pd.DataFrame:
+    rng = np.random.default_rng(5)
+    frames = []
+    for index, policy in enumerate(policies):
+        arrival = np.sort(rng.uniform(0, 50, n))
+        e2e = rng.exponential(1.0 + index, n)
+        ttft = e2e * 0.1
+        frames.append(
+            pd.DataFrame(
+                {
+                    "policy": policy,
+                    "request_id": np.arange(n),
+                    "replica": 0,
+                    "arrival_s": arrival,
+                    "prompt_tokens": 100,
+                    "output_tokens": rng.integers(1, 500, n),
+                    "status": np.where(np.arange(n) % 10 == 0, "timed_out", "completed"),
+                    "first_scheduled_s": arrival,
+                    "first_token_s": arrival + ttft,
+                    "completion_s": arrival + e2e,
+                    "queue_delay_s": 0.0,
+                    "ttft_s": ttft,
+                    "tpot_s": 0.01,
+                    "e2e_s": e2e,
+                    "norm_latency_s": 0.01,
+                    "preemptions": 0,
+                    "retries": 0,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def make_iterations(policies: list[str], n: int = 2000, replicas: int = 2) -> pd.DataFrame:
+    rng = np.random.default_rng(9)
+    frames = []
+    for policy in policies:
+        for replica in range(replicas):
+            duration = rng.uniform(0.005, 0.05, n)
+            gaps = rng.exponential(0.01, n)
+            start = np.cumsum(gaps + duration) - duration  # back-to-back with gaps, no overlap
+            used = rng.integers(0, 1000, n)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "policy": policy,
+                        "replica": replica,
+                        "start_s": start,
+                        "duration_s": duration,
+                        "batch_size": rng.integers(1, 64, n),
+                        "prefill_tokens": 0,
+                        "decode_tokens": 1,
+                        "kv_blocks_used": used,
+                        "kv_blocks_total": 1000,
+                    }
+                )
+            )
+    return pd.concat(frames, ignore_index=True)
+
+
+def lines_with_labels(ax, labels):
+    return [line for line in ax.get_lines() if line.get_label() in labels]
+
+
+def test_latency_cdf_one_monotone_line_per_policy():
+    fig = plots.latency_cdf(make_requests(POLICIES), metric="e2e_s")
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == POLICIES
+    for line in lines:
+        x, y = line.get_xdata(), line.get_ydata()
+        assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) >= 0)
+        assert y[0] == 0.0 and y[-1] == 1.0
+    single = plots.latency_cdf(make_requests(["a"]).drop(columns=["policy"]))
+    assert len(single.axes[0].get_lines()) == 1
+
+
+def test_latency_cdf_median_matches_data():
+    requests = make_requests(["a"])
+    line = plots.latency_cdf(requests, metric="ttft_s").axes[0].get_lines()[0]
+    done = requests.loc[requests["status"] == "completed", "ttft_s"]
+    assert np.interp(0.5, line.get_ydata(), line.get_xdata()) == pytest.approx(
+        done.median(), rel=1e-2
+    )
+
+
+def test_timeline_two_axes_and_kv_mean_matches_summary():
+    iterations = make_iterations(POLICIES[:2])
+    fig = plots.timeline(iterations)
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert [line.get_label() for line in ax.get_lines()] == POLICIES[:2]
+    # Over bins spanning exactly the run, the binned KV line averages to kv_mean_frac.
+    one = iterations[iterations["policy"] == "static"]
+    span_s = (one["start_s"] + one["duration_s"]).max() - one["start_s"].min()
+    kv_line = plots.timeline(one, bin_s=span_s / 37).axes[1].get_lines()[0]
+    x, y = kv_line.get_xdata(), kv_line.get_ydata()
+    no_requests = pd.DataFrame({c: pd.Series(dtype=float) for c in _request_columns()})
+    row = summarize_run(no_requests, one, scenario="s", policy="static")
+    assert np.sum(y[:-1] * np.diff(x)) / span_s == pytest.approx(row["kv_mean_frac"], rel=1e-9)
+
+
+def _request_columns():
+    return [
+        "arrival_s",
+        "output_tokens",
+        "status",
+        "first_scheduled_s",
+        "first_token_s",
+        "completion_s",
+        "queue_delay_s",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "norm_latency_s",
+        "preemptions",
+        "retries",
+    ]
+
+
+def test_binned_time_mean_matches_brute_force():
+    rng = np.random.default_rng(1)
+    start = rng.uniform(0, 10, 300)
+    duration = rng.uniform(0, 2, 300)
+    values = rng.uniform(0, 5, 300)
+    edges = np.linspace(-1, 13, 29)
+    overlap = np.clip(
+        np.minimum(edges[1:, None], start + duration) - np.maximum(edges[:-1, None], start), 0, None
+    )
+    expected = (overlap * values).sum(axis=1) / np.diff(edges)
+    assert plots.binned_time_mean(start, duration, values, edges) == pytest.approx(
+        expected, abs=1e-9
+    )
+
+
+def test_throughput_over_time_conserves_completed_tokens():
+    requests = make_requests(POLICIES)
+    fig = plots.throughput_over_time(requests, bin_s=0.5)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == POLICIES
+    for policy, line in zip(POLICIES, lines, strict=True):
+        done = requests[(requests["policy"] == policy) & (requests["status"] == "completed")]
+        tokens = np.sum(line.get_ydata()[:-1] * np.diff(line.get_xdata()))
+        assert tokens == pytest.approx(done["output_tokens"].sum())
+
+
+def make_sweep() -> pd.DataFrame:
+    rows = []
+    for rate in (1.0, 2.0, 4.0, 8.0):
+        for seed in range(3):
+            # "fast" keeps up with every load; "slow" saturates at 3 req/s.
+            rows.append(
+                {
+                    "policy": "fast",
+                    "seed": seed,
+                    "workload.arrival.rate": rate,
+                    "throughput_rps": rate * 0.99,
+                    "ttft_p99_s": 0.1 * rate + 0.01 * seed,
+                }
+            )
+            rows.append(
+                {
+                    "policy": "slow",
+                    "seed": seed,
+                    "workload.arrival.rate": rate,
+                    "throughput_rps": min(rate, 3.0),
+                    "ttft_p99_s": 0.2 * rate**2 + 0.01 * seed,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_latency_vs_load_bands_and_saturation_marker():
+    fig = plots.latency_vs_load(make_sweep())
+    ax = fig.axes[0]
+    curves = lines_with_labels(ax, {"fast", "slow"})
+    assert len(curves) == 2
+    assert list(curves[1].get_ydata()) == pytest.approx(
+        [0.2 + 0.01, 0.8 + 0.01, 3.2 + 0.01, 12.8 + 0.01]
+    )
+    assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2
+    markers = [line for line in ax.get_lines() if line.get_gid() == "saturation"]
+    assert len(markers) == 1 and markers[0].get_xdata()[0] == 4.0
+
+
+def test_latency_vs_load_unknown_column():
+    with pytest.raises(UserError, match="ttft_p99_s"):
+        plots.latency_vs_load(make_sweep(), y="ttft_p99")
+
+
+def test_speedup_bars_two_bars_per_scenario():
+    table = pd.DataFrame(
+        {
+            "scenario": ["a", "b", "c"],
+            "speedup": [2.0, 3.0, 0.9],
+            "throughput_gain": [1.1, 2.0, 1.0],
+        }
+    )
+    ax = plots.speedup_bars(table).axes[0]
+    assert len(ax.containers) == 2
+    assert [bar.get_height() for bar in ax.containers[0]] == [2.0, 3.0, 0.9]
+    assert len([line for line in ax.get_lines() if line.get_gid() == "parity"]) == 1
+
+
+def test_bad_bin_width_is_a_user_error():
+    with pytest.raises(UserError, match="bin_s"):
+        plots.throughput_over_time(make_requests(["a"]), bin_s=0)
+
+
+def test_save_figure_is_deterministic_and_leaves_pyplot_alone(tmp_path):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    fig = plots.latency_cdf(make_requests(POLICIES))
+    first, second = tmp_path / "a" / "cdf.png", tmp_path / "b.png"
+    plots.save_figure(fig, first)
+    plots.save_figure(fig, second)
+    assert first.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert first.read_bytes() == second.read_bytes()
+    svg_a, svg_b = tmp_path / "a.svg", tmp_path / "b.svg"
+    plots.save_figure(fig, svg_a)
+    plots.save_figure(fig, svg_b)
+    assert svg_a.read_bytes() == svg_b.read_bytes()
+    assert plt.get_fignums() == before
