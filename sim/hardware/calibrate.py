@@ -1,0 +1,291 @@
+"""Fit calibrations from the profiles and read/write them as compact YAML.
+
+A calibration file describes one (model, GPU, TP): knots of the linear-op and LM-head
+curves, attention coefficients, the all-reduce curve, the CPU-overhead curve, the
+held-out fit error of each, and its provenance. The roofline file
+(``a100-80gb_roofline.yaml``) holds what transfers to unprofiled models and GPUs:
+per-op efficiency curves, the reference attention fit, all-reduce curves per GPU
+count, CPU-overhead curves, and the leave-one-model-out transfer error.
+Everything written is deterministic (no dates), so a re-fit can be compared to the
+committed file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sim.errors import UserError
+from sim.hardware import fitting, holdout, roofline
+from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model
+from sim.hardware.profiles import (
+    ALL_REDUCE_FILE,
+    ATTENTION_FILE,
+    CPU_FILE,
+    LICENCE,
+    ProfileSet,
+    mlp_file,
+)
+
+CALIBRATION_DIR = Path(__file__).resolve().parent / "calibrations"
+ROOFLINE_FILE = "a100-80gb_roofline.yaml"
+PROFILED_GPU = "a100-80gb"
+ALL_REDUCE_GPUS = (2, 4, 8, 16)
+# The calibrations committed to the repository (model, TP), all on A100-80GB.
+COMMITTED: tuple[tuple[str, int], ...] = (
+    ("llama-2-7b", 1),
+    ("llama-3-8b", 1),
+    ("llama-2-70b", 2),
+    ("llama-2-70b", 4),
+    ("codellama-34b", 2),
+    ("phi-2", 1),
+)
+ALL_REDUCE_NOTE = (
+    "two all-reduces per layer (after attention and after the MLP), message = tokens x hidden "
+    "x 2 bytes; the profile's 'size' is read as message bytes (Vidur's predictor convention): "
+    "read as fp16 elements the largest messages would need 312-348 GB/s bus bandwidth, above "
+    "A100's 300 GB/s NVLink peak"
+)
+CPU_NOTE = (
+    "schedule + prepare_inputs_e2e + sampler_e2e + process_model_outputs medians vs sequences "
+    "in the batch; Ray driver time (ray_comm_time, ~6.3 ms at TP>1 in Vidur's engine) is left "
+    "out: current engines drive TP workers without a Ray round trip per step"
+)
+
+
+def calibration_filename(model: str, gpu: str, tp: int) -> str:
+    """File name of the calibration of (model, GPU, TP), e.g. ``llama-2-7b_a100-80gb_tp1.yaml``."""
+    return f"{model}_{gpu}_tp{tp}.yaml"
+
+
+def _r(values: Any, digits: int = 5) -> list[float]:
+    return [round(float(v), digits) for v in values]
+
+
+def _sig(value: float, digits: int = 5) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def _sig_dict(coefs: dict[str, float]) -> dict[str, float]:
+    return {k: _sig(v) for k, v in coefs.items()}
+
+
+def _linear_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
+    tokens, raw = fitting.linear_points(profiles.mlp(model.name), model, tp)
+    knots_x, knots_y = fitting.monotone_knots(tokens, raw)
+    raised = knots_y > raw
+    excess = knots_y / raw - 1
+    typical = float(np.median(excess[raised])) if raised.any() else 0.0
+    note = (
+        f"{model.num_layers} layers x per-layer op medians + embedding, per iteration; knots "
+        f"are the running max of the medians (monotone): equal to the median at "
+        f"{int((~raised).sum())} of {len(raw)} token counts, above it by at most "
+        f"{100 * float(excess.max()):.1f}% (median {100 * typical:.1f}%) where a larger count "
+        f"ran faster"
+    )
+    return {"note": note, "tokens": [int(t) for t in knots_x], "ms": _r(knots_y)}
+
+
+def _lm_head_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
+    rows, ms = fitting.lm_head_points(profiles.mlp(model.name), model, tp)
+    note = (
+        "estimated, not profiled: this model's measured MLP up-projection at the same row "
+        "count x vocab / up-projection width (same input, so FLOPs and weight bytes scale "
+        "alike); one row per sequence in the batch"
+    )
+    return {"note": note, "rows": [int(r) for r in rows], "ms": _r(ms)}
+
+
+def _attention_section(reference: dict, model: ModelSpec, tp: int, gpu: str) -> dict:
+    dec, pre = fitting.scale_attention(
+        reference["decode"], reference["prefill"], model, tp, get_gpu(gpu)
+    )
+    scales = fitting.attention_scales(model, tp, get_gpu(gpu))
+    note = (
+        f"per layer; fitted on the Llama-2-70B TP2 FlashAttention profile (32 query / 4 KV "
+        f"heads per GPU, head dim 128) and scaled to {model.q_heads_per_gpu(tp)} query / "
+        f"{model.kv_heads_per_gpu(tp)} KV heads of dim {model.head_dim} (query width "
+        f"x{scales['q']:.3g}, KV bytes x{scales['kv']:.3g}); decode = launch + per_seq x seqs "
+        f"+ per_kv_token x sum(context); prefill = launch + per_token x C + per_work x W "
+        f"+ per_sq_token x min(2W, C^2), C = sum(chunk), W = sum(chunk x (context + chunk/2))"
+    )
+    return {"note": note, "decode": _sig_dict(dec), "prefill": _sig_dict(pre)}
+
+
+def reference_attention(profiles: ProfileSet) -> dict:
+    """Decode and prefill coefficients fitted on the whole attention profile."""
+    dec, pre = profiles.attention()
+    return {"decode": fitting.fit_decode(dec), "prefill": fitting.fit_prefill(pre)}
+
+
+def _all_reduce_section(profiles: ProfileSet, tp: int) -> dict | None:
+    if tp == 1:
+        return None
+    xs, ys = fitting.all_reduce_knots(profiles.all_reduce(tp))
+    return {
+        "note": ALL_REDUCE_NOTE,
+        "gpus": tp,
+        "message_bytes": [int(x) for x in xs],
+        "ms": _r(ys),
+    }
+
+
+def _cpu_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
+    src_model, src_tp = fitting.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
+    xs, ys = fitting.cpu_points(profiles.cpu(), src_model, src_tp)
+    exact = (src_model, src_tp) == (model.name, tp)
+    how = "profiled" if exact else "not profiled; nearest TP, then nearest model size"
+    return {
+        "note": CPU_NOTE,
+        "source": f"{src_model} TP{src_tp} ({how})",
+        "batch_size": [int(x) for x in xs],
+        "ms": _r(ys),
+    }
+
+
+def _fit_errors(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
+    errors: dict = {h.name: h.summary() for h in holdout.component_holdouts(profiles, model, tp)}
+    errors["note"] = (
+        "held-out rows (fit on alternate profile rows, scored on the others), rows above "
+        "0.05 ms; mape and worst are fractions; lm_head is not profiled"
+    )
+    return errors
+
+
+def calibrate(profiles: ProfileSet, model: str, gpu: str, tp: int) -> dict:
+    """Fit the calibration of (model, GPU, TP) from the profiles.
+
+    Raises:
+        UserError: unknown model/GPU, a GPU other than the profiled A100-80GB, a model
+            without a profile, a bad TP, or missing/corrupt profile files.
+    """
+    spec = get_model(model)
+    get_gpu(gpu)
+    check_tensor_parallel(spec, tp)
+    if gpu != PROFILED_GPU:
+        raise UserError(
+            f"profiles are from {PROFILED_GPU}; cannot calibrate {gpu} (it gets the roofline)",
+            field="gpu",
+        )
+    if tp not in set(profiles.mlp(model)["tp"]):
+        raise UserError(
+            f"{mlp_file(model)} has no TP{tp} rows; profiled: "
+            f"{sorted(set(profiles.mlp(model)['tp']))}",
+            field="tp",
+        )
+    return _assemble(profiles, spec, gpu, tp)
+
+
+def _assemble(profiles: ProfileSet, spec: ModelSpec, gpu: str, tp: int) -> dict:
+    sources = [mlp_file(spec.name), ATTENTION_FILE, CPU_FILE] + (
+        [ALL_REDUCE_FILE] if tp > 1 else []
+    )
+    return {
+        "format": "batchsim-calibration/1",
+        "model": spec.name,
+        "gpu": gpu,
+        "tensor_parallel": tp,
+        "source": LICENCE,
+        "profiles": sources,
+        "command": f"python -m sim calibrate --model {spec.name} --gpu {gpu} --tp {tp}",
+        "units": "milliseconds per iteration unless noted",
+        "linear": _linear_section(profiles, spec, tp),
+        "lm_head": _lm_head_section(profiles, spec, tp),
+        "attention": _attention_section(reference_attention(profiles), spec, tp, gpu),
+        "all_reduce": _all_reduce_section(profiles, tp),
+        "cpu_overhead": _cpu_section(profiles, spec, tp),
+        "fit_error": _fit_errors(profiles, spec, tp),
+    }
+
+
+def fit_roofline_file(profiles: ProfileSet) -> dict:
+    """The transfer file: efficiencies, reference attention, all-reduce and CPU curves."""
+    gpu = GPUS[PROFILED_GPU]
+    reference = reference_attention(profiles)
+    return {
+        "format": "batchsim-roofline/1",
+        "gpu": PROFILED_GPU,
+        "source": LICENCE,
+        "command": "python -m sim calibrate --all",
+        "efficiency": {
+            "note": roofline.EFFICIENCY_NOTE,
+            **roofline.fit_efficiencies(profiles.all_mlp(), gpu),
+        },
+        "attention_reference": {
+            "note": "per layer, 32 query / 4 KV heads per GPU, head dim 128 "
+            "(Llama-2-70B TP2), A100-80GB",
+            "decode": _sig_dict(reference["decode"]),
+            "prefill": _sig_dict(reference["prefill"]),
+        },
+        "all_reduce": {"note": ALL_REDUCE_NOTE, "curves": _all_reduce_curves(profiles)},
+        "cpu_overhead": {"note": CPU_NOTE, "curves": _cpu_curves(profiles)},
+        "leave_one_model_out": {
+            "note": "per-layer linear-op sum of each profiled model predicted from efficiencies "
+            "fitted on the other five, over all its TP degrees and token counts (rows above "
+            "0.05 ms)",
+            **roofline.leave_one_model_out(profiles.all_mlp(), gpu),
+        },
+        "fit_error": _roofline_fit_errors(profiles),
+    }
+
+
+def _all_reduce_curves(profiles: ProfileSet) -> dict[str, dict]:
+    curves = {}
+    for n in ALL_REDUCE_GPUS:
+        section = _all_reduce_section(profiles, n) or {}
+        curves[str(n)] = {k: v for k, v in section.items() if k != "note"}
+    return curves
+
+
+def _cpu_curves(profiles: ProfileSet) -> list[dict]:
+    curves = []
+    for model, tp in fitting.cpu_pairs(profiles.cpu()):
+        xs, ys = fitting.cpu_points(profiles.cpu(), model, tp)
+        curves.append({"model": model, "tp": tp, "batch_size": [int(x) for x in xs], "ms": _r(ys)})
+    return curves
+
+
+def _roofline_fit_errors(profiles: ProfileSet) -> dict:
+    dec, pre = profiles.attention()
+    errors = {
+        "attention_decode": holdout.decode_holdout(dec).summary(),
+        "attention_prefill": holdout.prefill_holdout(pre).summary(),
+    }
+    for n in ALL_REDUCE_GPUS:
+        errors[f"all_reduce_{n}gpu"] = holdout.all_reduce_holdout(
+            profiles.all_reduce(n), n
+        ).summary()
+    return errors
+
+
+def write_yaml(data: dict, path: str | Path) -> Path:
+    """Write ``data`` as compact YAML (flow-style number lists) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(
+        data, sort_keys=False, default_flow_style=None, width=110, allow_unicode=True
+    )
+    path.write_text(text)
+    return path
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a calibration or roofline file.
+
+    Raises:
+        UserError: missing file, invalid YAML, or not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"calibration file not found: {path}")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or "format" not in data:
+        raise UserError(f"{path}: not a batchsim calibration file (no 'format' key)")
+    return data

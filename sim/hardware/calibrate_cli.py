@@ -1,0 +1,108 @@
+"""``python -m sim calibrate``: fit calibration files from the A100 profiles.
+
+    python -m sim calibrate --profiles ../shared/profiles --model llama-2-7b \\
+        --gpu a100-80gb --tp 1 --out /tmp/llama-2-7b_a100-80gb_tp1.yaml --report
+    python -m sim calibrate --all [--report]    # regenerate every committed file
+
+``--report`` prints the held-out fit errors and saves Markdown + PNG fit reports (and,
+with ``--all``, the leave-one-model-out transfer report) into ``--report-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.errors import UserError
+from sim.hardware import calibrate, fit_report
+from sim.hardware.profiles import ProfileSet
+
+DEFAULT_PROFILES = "../shared/profiles"
+DEFAULT_REPORT_DIR = "results/calibration"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``calibrate`` subcommand on ``subparsers``."""
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="fit cost-model calibrations from A100 profiles",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--profiles",
+        default=DEFAULT_PROFILES,
+        help=f"folder holding a100/ (default {DEFAULT_PROFILES})",
+    )
+    parser.add_argument("--model", help="model name, e.g. llama-2-7b")
+    parser.add_argument(
+        "--gpu", default="a100-80gb", help="GPU the profiles were measured on (a100-80gb)"
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    parser.add_argument(
+        "--out", help="calibration YAML to write (default: the committed file's path)"
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="regenerate every committed calibration and the roofline transfer file",
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="print and save fit reports (Markdown + PNG)"
+    )
+    parser.add_argument(
+        "--report-dir",
+        default=DEFAULT_REPORT_DIR,
+        help=f"where fit reports go (default {DEFAULT_REPORT_DIR})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``calibrate`` subcommand; returns the exit code.
+
+    Raises:
+        UserError: missing --model without --all, or anything the fit rejects.
+    """
+    profiles = ProfileSet(args.profiles)
+    if args.all:
+        return _run_all(profiles, args)
+    if not args.model:
+        raise UserError(
+            "give --model (or --all to regenerate every committed calibration)", field="model"
+        )
+    out = (
+        Path(args.out)
+        if args.out
+        else calibrate.CALIBRATION_DIR
+        / calibrate.calibration_filename(args.model, args.gpu, args.tp)
+    )
+    _calibrate_one(profiles, args.model, args.gpu, args.tp, out, args)
+    return 0
+
+
+def _calibrate_one(
+    profiles: ProfileSet, model: str, gpu: str, tp: int, out: Path, args: argparse.Namespace
+) -> None:
+    data = calibrate.calibrate(profiles, model, gpu, tp)
+    print(f"wrote {calibrate.write_yaml(data, out)}")
+    if args.report:
+        text, md, png = fit_report.calibration_report(profiles, model, tp, args.report_dir)
+        print(text)
+        print(f"saved {md} and {png}")
+
+
+def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
+    roof = calibrate.fit_roofline_file(profiles)
+    print(
+        f"wrote {calibrate.write_yaml(roof, calibrate.CALIBRATION_DIR / calibrate.ROOFLINE_FILE)}"
+    )
+    for model, tp in calibrate.COMMITTED:
+        out = calibrate.CALIBRATION_DIR / calibrate.calibration_filename(
+            model, calibrate.PROFILED_GPU, tp
+        )
+        _calibrate_one(profiles, model, calibrate.PROFILED_GPU, tp, out, args)
+    if args.report:
+        text, md, png = fit_report.transfer_report(profiles, args.report_dir)
+        print(text)
+        print(f"saved {md} and {png}")
+    return 0

@@ -1,0 +1,237 @@
+"""Model architectures and GPU specifications known to batchsim.
+
+Model shapes are the public Hugging Face ``config.json`` values (layers, query/KV heads,
+hidden and MLP sizes, vocabulary, context length); the six models with A100 profiles
+agree with the Vidur configs in ``../shared/profiles/model_configs`` except that Vidur
+pads Llama-2's vocabulary to 32768 for its tensor-parallel LM head (HF: 32000).
+GPU figures are vendor datasheet values: dense BF16 tensor-core peak (no sparsity), HBM
+bandwidth, and device memory as CUDA reports it (``torch.cuda.mem_get_info`` total, in
+GiB), which is what vLLM's ``gpu_memory_utilization`` multiplies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import UserError, did_you_mean
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape.
+
+    Attributes:
+        name: batchsim name, e.g. ``"llama-2-7b"``.
+        hf_name: Hugging Face repository, e.g. ``"meta-llama/Llama-2-7b-hf"``.
+        num_layers: transformer blocks.
+        num_q_heads: attention (query) heads.
+        num_kv_heads: key/value heads (fewer than query heads with GQA).
+        hidden_size: model width.
+        mlp_hidden_size: MLP intermediate width.
+        vocab_size: vocabulary (rows of the embedding and LM head).
+        gated_mlp: SwiGLU-style MLP with fused gate+up projection (3 matrices, not 2).
+        max_positions: longest context the model supports.
+        dtype_bytes: bytes per weight and KV element (2 = fp16/bf16).
+        tied_embeddings: the LM head reuses the embedding matrix (OPT).
+        rotary: rotary position embeddings (False: learned positions, OPT).
+        parallel_block: attention and MLP read the same normed input (one norm per
+            layer, phi-2) instead of running one after the other (two norms).
+    """
+
+    name: str
+    hf_name: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    hidden_size: int
+    mlp_hidden_size: int
+    vocab_size: int
+    gated_mlp: bool
+    max_positions: int
+    dtype_bytes: int = 2
+    tied_embeddings: bool = False
+    rotary: bool = True
+    parallel_block: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_q_heads
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (weights; biases and norms are under 0.1% and left out)."""
+        h, hd = self.hidden_size, self.head_dim
+        attention = h * (self.num_q_heads + 2 * self.num_kv_heads) * hd + self.num_q_heads * hd * h
+        mlp = (3 if self.gated_mlp else 2) * h * self.mlp_hidden_size
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * h
+        return self.num_layers * (attention + mlp) + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights at ``dtype_bytes`` per parameter."""
+        return self.num_params * self.dtype_bytes
+
+    def q_heads_per_gpu(self, tensor_parallel: int) -> int:
+        """Query heads each tensor-parallel rank holds."""
+        return self.num_q_heads // tensor_parallel
+
+    def kv_heads_per_gpu(self, tensor_parallel: int) -> int:
+        """KV heads each rank holds; replicated (one per rank) when TP exceeds them."""
+        return max(1, self.num_kv_heads // tensor_parallel)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator.
+
+    Attributes:
+        name: batchsim name, e.g. ``"a100-80gb"``.
+        peak_bf16_tflops: dense BF16 tensor-core peak, TFLOP/s.
+        hbm_gb_per_s: HBM bandwidth, GB/s (1e9 bytes).
+        memory_gb: device memory in GiB as CUDA reports it.
+        nvlink_gb_per_s: NVLink bandwidth per direction per GPU, GB/s (scales all-reduce).
+    """
+
+    name: str
+    peak_bf16_tflops: float
+    hbm_gb_per_s: float
+    memory_gb: float
+    nvlink_gb_per_s: float = 300.0
+
+
+def _llama(
+    name: str, hf: str, layers: int, heads: int, kv: int, h: int, ffn: int, vocab: int, max_pos: int
+) -> ModelSpec:
+    return ModelSpec(
+        name, hf, layers, heads, kv, h, ffn, vocab, gated_mlp=True, max_positions=max_pos
+    )
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _llama("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 32, 32, 4096, 11008, 32000, 4096),
+        _llama("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 64, 8, 8192, 28672, 32000, 4096),
+        _llama("llama-3-8b", "meta-llama/Meta-Llama-3-8B", 32, 32, 8, 4096, 14336, 128256, 8192),
+        _llama("llama-3-70b", "meta-llama/Meta-Llama-3-70B", 80, 64, 8, 8192, 28672, 128256, 8192),
+        _llama(
+            "codellama-34b",
+            "codellama/CodeLlama-34b-Instruct-hf",
+            48,
+            64,
+            8,
+            8192,
+            22016,
+            32000,
+            16384,
+        ),
+        ModelSpec(
+            "phi-2",
+            "microsoft/phi-2",
+            32,
+            32,
+            32,
+            2560,
+            10240,
+            51200,
+            gated_mlp=False,
+            max_positions=2048,
+            parallel_block=True,
+        ),
+        # Mistral's 4096-token sliding window is not modelled: attention cost and KV use
+        # are those of full attention (an upper bound beyond 4096 tokens of context).
+        _llama("mistral-7b", "mistralai/Mistral-7B-v0.1", 32, 32, 8, 4096, 14336, 32000, 32768),
+        ModelSpec(
+            "opt-13b",
+            "facebook/opt-13b",
+            40,
+            40,
+            40,
+            5120,
+            20480,
+            50272,
+            gated_mlp=False,
+            max_positions=2048,
+            tied_embeddings=True,
+            rotary=False,
+        ),
+        _llama("llama-3.1-8b", "meta-llama/Llama-3.1-8B", 32, 32, 8, 4096, 14336, 128256, 131072),
+        _llama("qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, 28, 4, 3584, 18944, 152064, 131072),
+    )
+}
+
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec("a100-80gb", peak_bf16_tflops=312.0, hbm_gb_per_s=2039.0, memory_gb=79.15),
+        GPUSpec("a100-40gb", peak_bf16_tflops=312.0, hbm_gb_per_s=1555.0, memory_gb=39.39),
+        GPUSpec(
+            "h100-sxm",
+            peak_bf16_tflops=989.0,
+            hbm_gb_per_s=3350.0,
+            memory_gb=79.11,
+            nvlink_gb_per_s=450.0,
+        ),
+        GPUSpec(
+            "h200",
+            peak_bf16_tflops=989.0,
+            hbm_gb_per_s=4800.0,
+            memory_gb=139.8,
+            nvlink_gb_per_s=450.0,
+        ),
+    )
+}
+
+
+def _lookup(kind: str, name: str, table: dict) -> object:
+    if not isinstance(name, str) or name not in table:
+        raise UserError(
+            f"unknown {kind} '{name}'{did_you_mean(str(name), table)}; "
+            f"known: {', '.join(sorted(table))}",
+            field=kind,
+        )
+    return table[name]
+
+
+def get_model(name: str) -> ModelSpec:
+    """The catalog model called ``name``.
+
+    Raises:
+        UserError: unknown name (with a did-you-mean hint and the list of models).
+    """
+    spec = _lookup("model", name, MODELS)
+    assert isinstance(spec, ModelSpec)
+    return spec
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The catalog GPU called ``name``.
+
+    Raises:
+        UserError: unknown name (with a did-you-mean hint and the list of GPUs).
+    """
+    spec = _lookup("gpu", name, GPUS)
+    assert isinstance(spec, GPUSpec)
+    return spec
+
+
+def check_tensor_parallel(model: ModelSpec, tensor_parallel: int) -> None:
+    """Reject a tensor-parallel degree the model's heads cannot be split over.
+
+    Query heads must divide evenly; KV heads must divide evenly or be replicated
+    (TP a multiple of the KV heads, as vLLM does for GQA models).
+
+    Raises:
+        UserError: TP < 1, or it does not divide the heads.
+    """
+    tp, q, kv = tensor_parallel, model.num_q_heads, model.num_kv_heads
+    if not isinstance(tp, int) or tp < 1:
+        raise UserError(f"must be a positive integer, got {tp!r}", field="tensor_parallel")
+    if q % tp or (kv % tp and tp % kv):
+        allowed = [d for d in range(1, q + 1) if q % d == 0 and (kv % d == 0 or d % kv == 0)]
+        raise UserError(
+            f"{tp} does not divide the {q} query / {kv} KV heads of {model.name}; "
+            f"allowed: {', '.join(map(str, allowed))}",
+            field="tensor_parallel",
+        )

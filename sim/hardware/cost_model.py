@@ -1,0 +1,251 @@
+"""Per-iteration GPU time of one forward pass: the cost model the engine calls.
+
+T(batch) = linear(N) + lm_head(R) + attention_prefill + attention_decode
+           + all_reduce(N) + cpu_overhead(R),
+
+with N = prefill chunk tokens + one token per decode sequence and R = sequences in the
+batch (one sampled row each). Curves are monotone piecewise-linear in their argument
+and the attention forms have non-negative coefficients, so the time never decreases
+when tokens, context or sequences are added. See :mod:`sim.hardware.fitting` for the
+forms and :func:`load_cost_model` for where the numbers come from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.errors import UserError
+from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, calibration_filename, read_yaml
+from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_model
+from sim.hardware.curves import PiecewiseLinear
+from sim.hardware.fitting import DECODE_TERMS, PREFILL_TERMS
+from sim.hardware.profiles import LICENCE
+from sim.hardware.transfer import label_for, roofline_calibration
+
+COMPONENTS = (
+    "linear",
+    "lm_head",
+    "attention_prefill",
+    "attention_decode",
+    "all_reduce",
+    "cpu_overhead",
+)
+_MS = 1e-3
+
+
+class CostModel:
+    """Iteration time of one (model, GPU, TP), built from a calibration dict.
+
+    Args:
+        calibration: a calibration file's content (or the same shape from the roofline).
+        model: the model it describes (layers and hidden size scale per-layer terms).
+        label: "calibrated", "transferred" or "uncalibrated (roofline)".
+        source: provenance, recorded in scenario.resolved.yaml.
+        cpu_overhead: add the engine's CPU time per iteration.
+
+    Attributes:
+        label: see above.
+        source: see above.
+        fit_error: held-out / transfer error per component, as in the calibration.
+    """
+
+    def __init__(
+        self,
+        calibration: dict,
+        model: ModelSpec,
+        *,
+        label: str,
+        source: str,
+        cpu_overhead: bool = True,
+    ) -> None:
+        self.label, self.source = label, source
+        self.fit_error = calibration.get("fit_error", {})
+        layers = model.num_layers
+        lin, lm = calibration["linear"], calibration["lm_head"]
+        self._linear = PiecewiseLinear(lin["tokens"], lin["ms"]).scaled(y_scale=_MS)
+        self._lm_head = PiecewiseLinear(lm["rows"], lm["ms"]).scaled(y_scale=_MS)
+        self._all_reduce = _all_reduce_curve(calibration.get("all_reduce"), model)
+        cpu = calibration["cpu_overhead"]
+        self._cpu = (
+            PiecewiseLinear(cpu["batch_size"], cpu["ms"]).scaled(y_scale=_MS)
+            if cpu_overhead
+            else None
+        )
+        dec, pre = calibration["attention"]["decode"], calibration["attention"]["prefill"]
+        self._d0, self._d1, self._d2 = (layers * dec[k] * _MS for k in DECODE_TERMS)
+        self._p0, self._p1, self._p2, self._p3 = (layers * pre[k] * _MS for k in PREFILL_TERMS)
+
+    def time_from_totals_s(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> float:
+        """Iteration time in seconds from batch totals (the engine's hot path).
+
+        Args:
+            num_prefill_tokens: sum of prefill chunk tokens (C).
+            num_prefill_seqs: prefill pieces in the batch.
+            prefill_attn_work: sum over pieces of chunk x (context + chunk / 2) (W).
+            num_decode_seqs: decode sequences (one token each).
+            decode_kv_tokens: sum of the decode sequences' context lengths.
+
+        Returns:
+            Seconds; 0.0 for an empty batch. Equal to :meth:`iteration_time_s` on the
+            same batch.
+        """
+        tokens = num_prefill_tokens + num_decode_seqs
+        if tokens <= 0:
+            return 0.0
+        rows = num_prefill_seqs + num_decode_seqs
+        # Summed in COMPONENTS order so the breakdown adds up to exactly this value.
+        total = self._linear(tokens) + self._lm_head(rows)
+        if num_prefill_seqs > 0:
+            sq_tokens = min(2.0 * prefill_attn_work, float(num_prefill_tokens) * num_prefill_tokens)
+            total += (
+                self._p0
+                + self._p1 * num_prefill_tokens
+                + self._p2 * prefill_attn_work
+                + self._p3 * sq_tokens
+            )
+        if num_decode_seqs > 0:
+            total += self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
+        if self._all_reduce is not None:
+            total += self._all_reduce(tokens)
+        if self._cpu is not None:
+            total += self._cpu(rows)
+        return total
+
+    def iteration_time_s(
+        self,
+        prefill_chunk_tokens: np.ndarray,
+        prefill_context_tokens: np.ndarray,
+        decode_context_tokens: np.ndarray,
+        *,
+        breakdown: bool = False,
+    ) -> float | tuple[float, dict[str, float]]:
+        """Time of one forward pass over prefill pieces and decode sequences.
+
+        Args:
+            prefill_chunk_tokens: tokens each prefill piece computes this iteration.
+            prefill_context_tokens: tokens each piece already has in cache before its chunk.
+            decode_context_tokens: tokens each decode sequence has in cache.
+            breakdown: also return seconds per component (keys of ``COMPONENTS``
+                that apply), summing to the total.
+
+        Returns:
+            Seconds, or (seconds, breakdown) when ``breakdown`` is true.
+        """
+        totals = _totals(prefill_chunk_tokens, prefill_context_tokens, decode_context_tokens)
+        total = self.time_from_totals_s(*totals)
+        if not breakdown:
+            return total
+        return total, self.breakdown_from_totals_s(*totals)
+
+    def breakdown_from_totals_s(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> dict[str, float]:
+        """Seconds per component for the batch totals of :meth:`time_from_totals_s`."""
+        tokens = num_prefill_tokens + num_decode_seqs
+        if tokens <= 0:
+            return {}
+        rows = num_prefill_seqs + num_decode_seqs
+        parts = {"linear": self._linear(tokens), "lm_head": self._lm_head(rows)}
+        if num_prefill_seqs > 0:
+            sq_tokens = min(2.0 * prefill_attn_work, float(num_prefill_tokens) * num_prefill_tokens)
+            parts["attention_prefill"] = (
+                self._p0
+                + self._p1 * num_prefill_tokens
+                + self._p2 * prefill_attn_work
+                + self._p3 * sq_tokens
+            )
+        if num_decode_seqs > 0:
+            parts["attention_decode"] = (
+                self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
+            )
+        if self._all_reduce is not None:
+            parts["all_reduce"] = self._all_reduce(tokens)
+        if self._cpu is not None:
+            parts["cpu_overhead"] = self._cpu(rows)
+        return parts
+
+    def __repr__(self) -> str:
+        return f"CostModel(label={self.label!r}, source={self.source!r})"
+
+
+def _totals(
+    chunk: np.ndarray, context: np.ndarray, decode: np.ndarray
+) -> tuple[int, int, float, int, int]:
+    chunk, context, decode = np.asarray(chunk), np.asarray(context), np.asarray(decode)
+    if chunk.shape != context.shape:
+        raise ValueError(
+            "prefill_chunk_tokens and prefill_context_tokens must have the same length"
+        )
+    if chunk.size:
+        work = float(np.dot(chunk, context + 0.5 * chunk))
+        prefill = (int(chunk.sum()), int(chunk.size), work)
+    else:
+        prefill = (0, 0, 0.0)
+    return (*prefill, int(decode.size), int(decode.sum()) if decode.size else 0)
+
+
+def _all_reduce_curve(section: dict | None, model: ModelSpec) -> PiecewiseLinear | None:
+    if not section:
+        return None
+    # Message bytes -> tokens (tokens x hidden x 2 bytes); two all-reduces per layer.
+    per_token_bytes = model.hidden_size * model.dtype_bytes
+    curve = PiecewiseLinear(section["message_bytes"], section["ms"])
+    return curve.scaled(x_scale=1.0 / per_token_bytes, y_scale=2 * model.num_layers * _MS)
+
+
+def calibrated_configs() -> list[tuple[str, str, int]]:
+    """The (model, GPU, TP) triples with a committed calibration file, sorted."""
+    found = []
+    for path in CALIBRATION_DIR.glob("*_tp*.yaml"):
+        model, _, rest = path.stem.partition("_")
+        gpu, _, tp = rest.rpartition("_tp")
+        if gpu and tp.isdigit():
+            found.append((model, gpu, int(tp)))
+    return sorted(found)
+
+
+def load_cost_model(
+    model: str, gpu: str, tensor_parallel: int, *, cpu_overhead: bool = True
+) -> CostModel:
+    """The cost model of ``model`` on ``tensor_parallel`` x ``gpu``.
+
+    A committed calibration of (model, GPU, TP) gives label "calibrated"; A100-80GB
+    without one gives the roofline with A100-fitted efficiencies ("transferred"); any
+    other GPU the same roofline on its datasheet roofs ("uncalibrated (roofline)").
+
+    Raises:
+        UserError: unknown model or GPU, TP that does not divide the heads or has no
+            all-reduce profile, or an unreadable calibration file.
+    """
+    spec, gpu_spec = get_model(model), get_gpu(gpu)
+    check_tensor_parallel(spec, tensor_parallel)
+    path = CALIBRATION_DIR / calibration_filename(model, gpu, tensor_parallel)
+    if path.is_file():
+        data = read_yaml(path)
+        return _build(data, spec, "calibrated", f"{path.name} ({LICENCE})", cpu_overhead, path)
+    roof_path = CALIBRATION_DIR / ROOFLINE_FILE
+    data = roofline_calibration(read_yaml(roof_path), spec, gpu_spec, tensor_parallel)
+    label = label_for(gpu_spec)
+    source = f"roofline on {gpu} datasheet roofs with efficiencies from {ROOFLINE_FILE} ({LICENCE})"
+    return _build(data, spec, label, source, cpu_overhead, roof_path)
+
+
+def _build(
+    data: dict, spec: ModelSpec, label: str, source: str, cpu_overhead: bool, path: object
+) -> CostModel:
+    try:
+        return CostModel(data, spec, label=label, source=source, cpu_overhead=cpu_overhead)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: corrupt calibration ({type(exc).__name__}: {exc})") from None

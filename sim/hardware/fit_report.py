@@ -1,0 +1,282 @@
+"""Fit reports: held-out error of each component, as Markdown text and a PNG figure.
+
+``calibration_report`` covers one (model, TP): linear ops, attention (decode and
+prefill), all-reduce and CPU overhead, each scored on held-out profile rows (see
+:mod:`sim.hardware.holdout`), with the curves plotted over the profile points.
+``transfer_report`` covers the roofline: each profiled model predicted from
+efficiencies fitted on the other five.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+
+from sim.hardware import fitting, holdout, roofline  # noqa: E402
+from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
+from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
+from sim.hardware.profiles import LICENCE, ProfileSet  # noqa: E402
+
+TARGETS = {"linear": 0.05, "attention_decode": 0.10, "attention_prefill": 0.10}
+TRANSFER_TARGET = 0.10
+
+
+def _rows(results: list[holdout.Holdout]) -> list[str]:
+    lines = [
+        "| component | held-out rows > 0.05 ms | MAPE | worst | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for h in results:
+        s = h.summary()
+        target = TARGETS.get(h.name)
+        met = "—" if target is None else ("yes" if s["mape"] <= target else "no")
+        target_text = "—" if target is None else f"<= {target:.0%}"
+        lines.append(
+            f"| {h.name} | {s['rows']} | {s['mape']:.1%} | {s['worst']:.1%} "
+            f"| {target_text} | {met} |"
+        )
+    return lines
+
+
+def calibration_report(
+    profiles: ProfileSet, model: str, tp: int, out_dir: str | Path
+) -> tuple[str, Path, Path]:
+    """Write ``<model>_a100-80gb_tp<tp>_fit.md`` and ``.png`` into ``out_dir``.
+
+    Returns:
+        (markdown text, markdown path, PNG path).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{model}_a100-80gb_tp{tp}_fit"
+    results = holdout.component_holdouts(profiles, get_model(model), tp)
+    png = out_dir / f"{stem}.png"
+    _plot_calibration(profiles, model, tp, results, png)
+    lines = [
+        f"# Fit report: {model}, A100-80GB, TP{tp}",
+        "",
+        "Each component is refitted on alternate profile rows and scored on the rows left out "
+        "(committed calibrations keep every row as a knot). Errors are relative, over held-out "
+        "rows "
+        "whose measured time is above 0.05 ms.",
+        "",
+        *_rows(results),
+        "",
+    ]
+    lines += [f"- {h.name}: {h.note}" for h in results]
+    lines += [
+        "- lm_head: not profiled (estimated from the MLP up-projection; see docs/cost_model.md)",
+        "",
+        f"![curves vs profile points]({png.name})",
+        "",
+        f"Source: {LICENCE}.",
+        "",
+    ]
+    text = "\n".join(lines)
+    md = out_dir / f"{stem}.md"
+    md.write_text(text)
+    return text, md, png
+
+
+def _plot_calibration(
+    profiles: ProfileSet, model: str, tp: int, results: list[holdout.Holdout], path: Path
+) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    _plot_linear(axes[0, 0], profiles, model, tp)
+    _plot_decode(axes[0, 1], profiles)
+    _plot_prefill(axes[0, 2], profiles)
+    _plot_all_reduce(axes[1, 0], profiles, tp)
+    _plot_cpu(axes[1, 1], profiles, model, tp)
+    _plot_errors(axes[1, 2], results)
+    fig.suptitle(f"{model} on A100-80GB, TP{tp}: fitted curves (lines) vs profile medians (points)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _plot_linear(ax: Axes, profiles: ProfileSet, model: str, tp: int) -> None:
+    spec = get_model(model)
+    tokens, ms = fitting.linear_points(profiles.mlp(model), spec, tp)
+    knots = fitting.monotone_knots(tokens, ms)
+    ylabel = f"linear ops, all {spec.num_layers} layers (ms)"
+    _plot_curve(ax, tokens, ms, *knots, "tokens in iteration", ylabel, logx=True)
+
+
+def _plot_all_reduce(ax: Axes, profiles: ProfileSet, tp: int) -> None:
+    if tp == 1:
+        ax.set_axis_off()
+        return
+    table = profiles.all_reduce(tp)
+    knots = fitting.all_reduce_knots(table)
+    ylabel = f"all-reduce, {tp} GPUs (ms)"
+    _plot_curve(
+        ax, table["size"], table["ms"], *knots, "message bytes", ylabel, logx=True, logy=True
+    )
+
+
+def _plot_cpu(ax: Axes, profiles: ProfileSet, model: str, tp: int) -> None:
+    cpu = profiles.cpu()
+    src_model, src_tp = fitting.cpu_source(fitting.cpu_pairs(cpu), get_model(model), tp)
+    rows = cpu[(cpu["model"] == src_model) & (cpu["tp"] == src_tp)]
+    knots = fitting.cpu_points(cpu, src_model, src_tp)
+    ylabel = f"CPU overhead, {src_model} TP{src_tp} (ms)"
+    _plot_curve(ax, rows["batch_size"], rows["ms"], *knots, "sequences in batch", ylabel)
+
+
+def _plot_curve(
+    ax: Axes,
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    knots_x: Values,
+    knots_y: Values,
+    xlabel: str,
+    ylabel: str,
+    *,
+    logx: bool = False,
+    logy: bool = False,
+) -> None:
+    curve = PiecewiseLinear(knots_x, knots_y)
+    grid = (
+        np.geomspace(min(knots_x), max(knots_x), 400)
+        if logx
+        else np.linspace(min(knots_x), max(knots_x), 400)
+    )
+    ax.plot(x, y, ".", ms=3, color="tab:gray", label="profile median")
+    ax.plot(grid, [curve(g) for g in grid], "-", color="tab:blue", lw=1.2, label="fitted curve")
+    ax.set(
+        xlabel=xlabel,
+        ylabel=ylabel,
+        xscale="log" if logx else "linear",
+        yscale="log" if logy else "linear",
+    )
+    ax.legend(fontsize=8)
+
+
+def _plot_decode(ax: Axes, profiles: ProfileSet) -> None:
+    dec, _ = profiles.attention()
+    coef = fitting.fit_decode(dec)
+    for batch, color in zip(
+        (8, 32, 64, 128), ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True
+    ):
+        rows = dec[dec["batch_size"] == batch].sort_values("kv_cache_size")
+        ctx = rows["kv_cache_size"].to_numpy(float)
+        ax.plot(ctx, rows["ms"], ".", ms=3, color=color)
+        ax.plot(
+            ctx,
+            fitting.decode_ms(coef, np.full_like(ctx, batch), batch * ctx),
+            "-",
+            color=color,
+            label=f"batch {batch}",
+        )
+    ax.set(
+        xlabel="context tokens per sequence",
+        ylabel="decode attention per layer (ms)",
+        title="Llama-2-70B TP2 profile",
+    )
+    ax.legend(fontsize=8)
+
+
+def _plot_prefill(ax: Axes, profiles: ProfileSet) -> None:
+    _, pre = profiles.attention()
+    coef = fitting.fit_prefill(pre)
+    for ctx, color in zip(
+        (0, 1024, 2048, 3072), ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True
+    ):
+        rows = pre[pre["kv_cache_size"] == ctx].sort_values("chunk")
+        chunk = rows["chunk"].to_numpy(float)
+        ax.plot(chunk, rows["ms"], ".", ms=3, color=color)
+        ax.plot(
+            chunk,
+            fitting.prefill_ms(coef, chunk, chunk * (ctx + chunk / 2)),
+            "-",
+            color=color,
+            label=f"context {ctx}",
+        )
+    ax.set(
+        xlabel="chunk tokens",
+        ylabel="prefill attention per layer (ms)",
+        title="Llama-2-70B TP2 profile",
+    )
+    ax.legend(fontsize=8)
+
+
+def _plot_errors(ax: Axes, results: list[holdout.Holdout]) -> None:
+    names = [h.name for h in results]
+    summaries = [h.summary() for h in results]
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [100 * s["mape"] for s in summaries], 0.4, label="MAPE")
+    ax.bar(x + 0.2, [100 * s["worst"] for s in summaries], 0.4, label="worst")
+    for i, name in enumerate(names):
+        if name in TARGETS:
+            ax.hlines(100 * TARGETS[name], i - 0.4, i + 0.4, colors="k", linestyles="--")
+    ax.set_xticks(x, [n.replace("_", "\n") for n in names], fontsize=8)
+    ax.set(ylabel="held-out error (%)", title="held-out error (dashes: MAPE target)")
+    ax.legend(fontsize=8)
+
+
+def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Path, Path]:
+    """Leave-one-model-out roofline transfer: write ``transfer_loo.md`` and ``.png``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = GPUS["a100-80gb"]
+    tables = profiles.all_mlp()
+    loo = roofline.leave_one_model_out(tables, gpu)
+    png = out_dir / "transfer_loo.png"
+    _plot_transfer(tables, gpu, png)
+    lines = [
+        "# Roofline transfer: leave one profiled model out",
+        "",
+        "Per-op compute and memory efficiencies are fitted on five profiled models (all their TP "
+        "degrees); the sixth model's per-layer linear-op time is then predicted from its "
+        "architecture "
+        "alone and compared with its profile at every (TP, token count). Target: MAPE <= 10%.",
+        "",
+        "| held-out model | rows > 0.05 ms | MAPE | worst | mean signed error | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in loo.items():
+        met = "yes" if s["mape"] <= TRANSFER_TARGET else "no"
+        lines.append(
+            f"| {name} | {s['rows']} | {s['mape']:.1%} | {s['worst']:.1%} "
+            f"| {s['bias']:+.1%} | {met} |"
+        )
+    lines += ["", f"![measured vs transferred]({png.name})", "", f"Source: {LICENCE}.", ""]
+    text = "\n".join(lines)
+    md = out_dir / "transfer_loo.md"
+    md.write_text(text)
+    return text, md, png
+
+
+def _plot_transfer(tables: dict, gpu: GPUSpec, path: Path) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    for ax, name in zip(axes.flat, tables, strict=False):
+        pairs = roofline.transfer_pairs(tables, name, gpu)
+        for tp, color in zip(
+            sorted(set(pairs["tp"])),
+            ("tab:blue", "tab:orange", "tab:green", "tab:red"),
+            strict=False,
+        ):
+            rows = pairs[pairs["tp"] == tp]
+            ax.plot(rows["tokens"], rows["measured_ms"], ".", ms=2, color=color)
+            ax.plot(rows["tokens"], rows["predicted_ms"], "-", color=color, lw=1, label=f"TP{tp}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="tokens",
+            ylabel="linear ops per layer (ms)",
+            title=f"{name} (held out)",
+        )
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        "Roofline transfer: profile (points) vs prediction from the other five models (lines)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,219 @@
+"""Fitting each cost component to the profile tables of :mod:`sim.hardware.profiles`.
+
+All times are per-layer or per-iteration milliseconds, as in the profiles.
+
+* Linear ops: knots at every profiled token count, per iteration
+  (layers x sum of per-layer op medians + embedding), made monotone by a running max.
+* LM head (not profiled): this model's measured MLP up-projection at the same row count,
+  times vocab / up-projection width. Both are GEMMs reading the same [rows x hidden]
+  input; on a roofline their FLOPs and weight bytes scale by that same ratio.
+* Attention: analytic forms fitted by non-negative least squares on relative error
+  (rows above 0.05 ms, the regime that matters for iteration time), on the Llama-2-70B
+  TP2 FlashAttention profile (32 query / 4 KV heads per GPU, head dim 128):
+
+  decode  = launch + per_seq * seqs + per_kv_token * sum(context)
+  prefill = launch + per_token * C + per_work * W + per_sq_token * min(2W, C^2)
+
+  where C = sum of chunk tokens and W = sum of chunk * (context + chunk/2). The last
+  term is sum(chunk^2) for a single piece (the only case profiled): FlashAttention's
+  causal diagonal blocks run at about half the throughput of blocks over cached
+  context, so prefill costs ~chunk x (context + chunk), not the causal FLOPs alone.
+  For several pieces min(2W, C^2) is an upper bound on sum(chunk^2), exact when every
+  piece starts from an empty cache, and it grows with every token, context or piece.
+* All-reduce: isotonic fit of the NCCL medians vs message size, on ~40 log-spaced knots.
+* CPU overhead: schedule + prepare inputs + sampler + process outputs vs batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec, get_model
+from sim.hardware.curves import isotonic, log_spaced_indices, running_max
+from sim.hardware.profiles import LAYER_OPS
+
+FIT_MIN_MS = 0.05
+# Geometry of the attention profile, per GPU (Llama-2-70B at TP 2).
+REFERENCE_Q_HEADS, REFERENCE_KV_HEADS, REFERENCE_HEAD_DIM, REFERENCE_DTYPE_BYTES = 32, 4, 128, 2
+REFERENCE_GPU = "a100-80gb"
+ALL_REDUCE_KNOTS = 40
+
+DECODE_TERMS = ("launch_ms", "per_seq_ms", "per_kv_token_ms")
+PREFILL_TERMS = ("launch_ms", "per_token_ms", "per_work_ms", "per_sq_token_ms")
+
+
+# --------------------------------------------------------------------------- linear ops
+def linear_points(mlp: pd.DataFrame, model: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Profiled token counts and per-iteration linear-op ms at tensor-parallel ``tp``."""
+    rows = mlp[mlp["tp"] == tp].sort_values("tokens")
+    ops = [op for op in LAYER_OPS if op in rows.columns]
+    total_ms = model.num_layers * rows[ops].sum(axis=1) + rows["emb"]
+    return rows["tokens"].to_numpy(dtype=float), total_ms.to_numpy(dtype=float)
+
+
+def monotone_knots(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Knots through every point, each value raised to the running max (see curves)."""
+    return np.asarray(xs, float), running_max(ys)
+
+
+def lm_head_points(mlp: pd.DataFrame, model: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """LM head ms at the profiled row counts, scaled from the measured up-projection."""
+    rows = mlp[mlp["tp"] == tp].sort_values("tokens")
+    up_width = (2 if model.gated_mlp else 1) * model.mlp_hidden_size
+    up_ms = running_max(rows["mlp_up_proj"].to_numpy(dtype=float))
+    return rows["tokens"].to_numpy(dtype=float), up_ms * model.vocab_size / up_width
+
+
+# --------------------------------------------------------------------------- attention
+def prefill_sq_tokens(
+    chunk_tokens: np.ndarray | float, work: np.ndarray | float
+) -> np.ndarray | float:
+    """The sum(chunk^2) proxy min(2W, C^2) (see the module docstring)."""
+    return np.minimum(2.0 * np.asarray(work, float), np.asarray(chunk_tokens, float) ** 2)
+
+
+def decode_features(seqs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+    """Design matrix of the decode form: [1, seqs, sum of context]."""
+    seqs = np.asarray(seqs, float)
+    return np.column_stack([np.ones_like(seqs), seqs, np.asarray(kv_tokens, float)])
+
+
+def prefill_features(chunk_tokens: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Design matrix of the prefill form: [1, C, W, min(2W, C^2)]."""
+    c = np.asarray(chunk_tokens, float)
+    return np.column_stack(
+        [np.ones_like(c), c, np.asarray(work, float), prefill_sq_tokens(c, work)]
+    )
+
+
+def _nnls_relative(features: np.ndarray, ms: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising squared relative error on rows > FIT_MIN_MS.
+
+    Non-negative coefficients keep the forms non-decreasing in every input.
+    """
+    keep = ms > FIT_MIN_MS
+    weights = 1.0 / ms[keep]
+    coef, _ = nnls(features[keep] * weights[:, None], ms[keep] * weights)
+    return coef
+
+
+def fit_decode(decode: pd.DataFrame) -> dict[str, float]:
+    """Decode coefficients (per layer, reference geometry) from the decode table."""
+    kv = decode["batch_size"] * decode["kv_cache_size"]
+    coef = _nnls_relative(decode_features(decode["batch_size"], kv), decode["ms"].to_numpy(float))
+    return dict(zip(DECODE_TERMS, map(float, coef), strict=True))
+
+
+def fit_prefill(prefill: pd.DataFrame) -> dict[str, float]:
+    """Prefill coefficients (per layer, reference geometry) from the prefill table."""
+    chunk = prefill["chunk"].to_numpy(float)
+    work = chunk * (prefill["kv_cache_size"].to_numpy(float) + chunk / 2)
+    coef = _nnls_relative(prefill_features(chunk, work), prefill["ms"].to_numpy(float))
+    return dict(zip(PREFILL_TERMS, map(float, coef), strict=True))
+
+
+def decode_ms(coef: dict[str, float], seqs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+    """Per-layer decode attention ms for arrays of (sequences, summed context)."""
+    return decode_features(seqs, kv_tokens) @ np.array([coef[k] for k in DECODE_TERMS])
+
+
+def prefill_ms(coef: dict[str, float], chunk_tokens: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Per-layer prefill attention ms for arrays of (chunk tokens, attention work)."""
+    return prefill_features(chunk_tokens, work) @ np.array([coef[k] for k in PREFILL_TERMS])
+
+
+def attention_scales(model: ModelSpec, tp: int, gpu: GPUSpec) -> dict[str, float]:
+    """Factors from the reference geometry and A100 to ``model`` at ``tp`` on ``gpu``.
+
+    ``q``: query heads x head dim per GPU (prefill FLOPs, per-sequence work);
+    ``kv``: KV bytes per token per GPU (decode reads); ``flops``/``bandwidth``: A100 peak
+    over this GPU's peak.
+    """
+    ref = GPUS[REFERENCE_GPU]
+    q = model.q_heads_per_gpu(tp) * model.head_dim / (REFERENCE_Q_HEADS * REFERENCE_HEAD_DIM)
+    kv = (
+        model.kv_heads_per_gpu(tp)
+        * model.head_dim
+        * model.dtype_bytes
+        / (REFERENCE_KV_HEADS * REFERENCE_HEAD_DIM * REFERENCE_DTYPE_BYTES)
+    )
+    return {
+        "q": q,
+        "kv": kv,
+        "flops": ref.peak_bf16_tflops / gpu.peak_bf16_tflops,
+        "bandwidth": ref.hbm_gb_per_s / gpu.hbm_gb_per_s,
+    }
+
+
+def scale_attention(
+    decode: dict[str, float], prefill: dict[str, float], model: ModelSpec, tp: int, gpu: GPUSpec
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Reference-geometry coefficients carried over to ``model`` at ``tp`` on ``gpu``.
+
+    Launch costs stay; per-sequence and per-token terms scale with query width and
+    memory bandwidth, KV reads with KV bytes and bandwidth, FLOP terms with query width
+    and peak FLOP/s.
+    """
+    s = attention_scales(model, tp, gpu)
+    dec = {
+        "launch_ms": decode["launch_ms"],
+        "per_seq_ms": decode["per_seq_ms"] * s["q"] * s["bandwidth"],
+        "per_kv_token_ms": decode["per_kv_token_ms"] * s["kv"] * s["bandwidth"],
+    }
+    pre = {
+        "launch_ms": prefill["launch_ms"],
+        "per_token_ms": prefill["per_token_ms"] * s["q"] * s["bandwidth"],
+        "per_work_ms": prefill["per_work_ms"] * s["q"] * s["flops"],
+        "per_sq_token_ms": prefill["per_sq_token_ms"] * s["q"] * s["flops"],
+    }
+    return dec, pre
+
+
+# --------------------------------------------------------------------------- all-reduce
+def all_reduce_knots(
+    table: pd.DataFrame, count: int = ALL_REDUCE_KNOTS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(message bytes, ms) knots: isotonic fit of the medians, thinned log-evenly.
+
+    Convention: ``size`` is read as the message size in bytes, as Vidur's predictor
+    does. Read as fp16 elements (2 x size bytes), the largest messages would move at
+    312-348 GB/s bus bandwidth, above the 300 GB/s per-direction NVLink peak of an
+    A100; read as bytes they move at 156-174 GB/s, a plausible NCCL figure.
+    """
+    size = table["size"].to_numpy(float)
+    fitted = isotonic(table["ms"].to_numpy(float))
+    keep = log_spaced_indices(size, count)
+    return size[keep], fitted[keep]
+
+
+# --------------------------------------------------------------------------- CPU overhead
+def cpu_source(pairs: Iterable[tuple[str, int]], model: ModelSpec, tp: int) -> tuple[str, int]:
+    """The profiled (model, TP) whose CPU overhead stands in for ``model`` at ``tp``.
+
+    Exact match if profiled; else the nearest TP (CPU time grows with the workers to
+    drive), then the nearest model size (sampler and bookkeeping grow with the model).
+    """
+
+    def distance(pair: tuple[str, int]) -> tuple[float, float]:
+        ref_model, ref_tp = pair
+        size = abs(math.log(model.num_params / get_model(ref_model).num_params))
+        return abs(math.log2(tp) - math.log2(ref_tp)), size
+
+    best = min(sorted(set(pairs)), key=distance)
+    return str(best[0]), int(best[1])
+
+
+def cpu_pairs(cpu: pd.DataFrame) -> list[tuple[str, int]]:
+    """The (model, TP) pairs with a CPU-overhead profile."""
+    return sorted({(str(m), int(t)) for m, t in zip(cpu["model"], cpu["tp"], strict=True)})
+
+
+def cpu_points(cpu: pd.DataFrame, model: str, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(batch size, ms) of one profiled (model, TP), made non-decreasing (isotonic)."""
+    rows = cpu[(cpu["model"] == model) & (cpu["tp"] == tp)].sort_values("batch_size")
+    return rows["batch_size"].to_numpy(float), isotonic(rows["ms"].to_numpy(float))

@@ -1,0 +1,188 @@
+"""KV-cache memory budget of one tensor-parallel worker.
+
+budget = GPU memory x utilization - weights / TP - activation reserve, cut into blocks of
+``block_size`` tokens (vLLM's PagedAttention layout). A scenario may instead pin the block
+count the real engine logged (vLLM prints ``# GPU blocks``): matching it is what brings
+simulated TTFT within a few percent of a real engine (LLMServingSim's validation moved
+TTFT error from -20.7% to +0.6% that way), because the estimate below cannot know the
+engine's exact activation peak, CUDA-graph pools or fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import UserError
+from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel
+
+GIB = 1 << 30
+# CUDA context, cuBLAS workspaces and NCCL buffers live outside torch's allocator but
+# inside the utilization budget (vLLM counts them as "non-torch" memory): ~0.5-1 GiB.
+NON_TORCH_BYTES = GIB
+# vLLM sizes activations by profiling one forward pass of max_num_batched_tokens tokens
+# and sampling for max_num_seqs (256) sequences; we estimate that peak the same way.
+PROFILE_SEQS = 256
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """KV-cache capacity of one worker (every TP rank holds its share of each token).
+
+    Attributes:
+        bytes_per_token: KV bytes one token takes on one GPU.
+        block_size: tokens per block.
+        num_blocks: blocks available to the cache.
+        gpu_memory_bytes: device memory.
+        weight_bytes_per_gpu: weights resident on one GPU.
+        activation_reserve_bytes: kept free for activations and non-torch allocations.
+        available_bytes: memory x utilization - weights - reserve (the estimate, even when pinned).
+        pinned: the block count was given (``memory.kv_blocks``), not estimated.
+    """
+
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    gpu_memory_bytes: int
+    weight_bytes_per_gpu: int
+    activation_reserve_bytes: int
+    available_bytes: int
+    pinned: bool
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the cache holds: ``num_blocks * block_size``."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block on one GPU."""
+        return self.bytes_per_token * self.block_size
+
+
+def kv_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> int:
+    """KV bytes per token per GPU: 2 (K and V) x layers x KV heads/TP x head dim x dtype.
+
+    KV heads are replicated when TP exceeds them, so a rank never holds less than one.
+
+    Raises:
+        UserError: TP does not divide the model's heads.
+    """
+    check_tensor_parallel(model, tensor_parallel)
+    kv_heads = model.kv_heads_per_gpu(tensor_parallel)
+    return 2 * model.num_layers * kv_heads * model.head_dim * model.dtype_bytes
+
+
+def estimate_activation_reserve_bytes(model: ModelSpec, tensor_parallel: int) -> int:
+    """Activation peak of vLLM's memory-profiling pass plus non-torch memory, per GPU.
+
+    The profiling pass runs ``min(max_positions, 8192)`` (at least 2048) tokens; its peak
+    is one layer's largest live tensors (fused gate/up output, activation output, two
+    residual-width buffers) plus fp32 logits and probabilities for 256 sampled sequences.
+    """
+    tokens = max(2048, min(model.max_positions, 8192))
+    up_width = (2 if model.gated_mlp else 1) * model.mlp_hidden_size // tensor_parallel
+    per_token = up_width + model.mlp_hidden_size // tensor_parallel + 2 * model.hidden_size
+    logits = 2 * PROFILE_SEQS * model.vocab_size * 4
+    return NON_TORCH_BYTES + tokens * per_token * model.dtype_bytes + logits
+
+
+def kv_budget(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tensor_parallel: int,
+    *,
+    gpu_memory_utilization: float = 0.9,
+    block_size: int = 16,
+    activation_reserve_gb: float | None = None,
+    kv_blocks: int | None = None,
+) -> KVBudget:
+    """KV-cache budget of one worker of ``model`` on ``tensor_parallel`` x ``gpu``.
+
+    Args:
+        model: the model.
+        gpu: the GPU.
+        tensor_parallel: GPUs the weights are split over.
+        gpu_memory_utilization: fraction of device memory the engine may use.
+        block_size: tokens per KV block.
+        activation_reserve_gb: GiB kept free for activations (default: estimated).
+        kv_blocks: pin the block count (as the real engine logged it).
+
+    Raises:
+        UserError: bad arguments, or the weights leave no room for a single KV block
+            (the message states the weight size per GPU, the memory available and the
+            smallest tensor-parallel degree that fits).
+    """
+    _check_arguments(gpu_memory_utilization, block_size, activation_reserve_gb, kv_blocks)
+    per_token = kv_bytes_per_token(model, tensor_parallel)
+    gpu_bytes = int(gpu.memory_gb * GIB)
+    weights = -(-model.weight_bytes // tensor_parallel)
+    reserve = _reserve_bytes(model, tensor_parallel, activation_reserve_gb)
+    available = _available_bytes(
+        model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb
+    )
+    if available < per_token * block_size:
+        _raise_does_not_fit(
+            model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb
+        )
+    blocks = kv_blocks if kv_blocks is not None else available // (per_token * block_size)
+    return KVBudget(
+        per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None
+    )
+
+
+def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | None) -> int:
+    if reserve_gb is None:
+        return estimate_activation_reserve_bytes(model, tensor_parallel)
+    return int(reserve_gb * GIB)
+
+
+def _check_arguments(
+    util: float, block_size: int, reserve_gb: float | None, kv_blocks: int | None
+) -> None:
+    if not 0 < util <= 1:
+        raise UserError(f"must be in (0, 1], got {util}", field="memory.gpu_memory_utilization")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise UserError(
+            f"must be a positive integer, got {block_size!r}", field="memory.block_size"
+        )
+    if reserve_gb is not None and reserve_gb < 0:
+        raise UserError(f"must be >= 0, got {reserve_gb}", field="memory.activation_reserve_gb")
+    if kv_blocks is not None and (not isinstance(kv_blocks, int) or kv_blocks < 1):
+        raise UserError(f"must be a positive integer, got {kv_blocks!r}", field="memory.kv_blocks")
+
+
+def _available_bytes(
+    model: ModelSpec, gpu: GPUSpec, tp: int, util: float, reserve_gb: float | None
+) -> int:
+    weights = -(-model.weight_bytes // tp)
+    return int(gpu.memory_gb * GIB * util) - weights - _reserve_bytes(model, tp, reserve_gb)
+
+
+def _raise_does_not_fit(
+    model: ModelSpec, gpu: GPUSpec, tp: int, util: float, block_size: int, reserve_gb: float | None
+) -> None:
+    usable_gib = gpu.memory_gb * util
+    weights_gib = model.weight_bytes / tp / GIB
+    reserve = _reserve_bytes(model, tp, reserve_gb)
+    candidates = [
+        d
+        for d in (2, 4, 8, 16, 32, 64)
+        if d > tp
+        and model.num_q_heads % d == 0
+        and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)
+    ]
+    fitting = [
+        d
+        for d in candidates
+        if _available_bytes(model, gpu, d, util, reserve_gb)
+        >= kv_bytes_per_token(model, d) * block_size
+    ]
+    hint = f"use tensor_parallel >= {fitting[0]}" if fitting else "use a GPU with more memory"
+    raise UserError(
+        f"{model.name} does not fit on {gpu.name} at tensor_parallel={tp}: weights take "
+        f"{model.weight_bytes / tp / 1e9:.1f} GB ({weights_gib:.1f} GiB) per GPU but only "
+        f"{usable_gib:.1f} GiB is available "
+        f"({gpu.memory_gb:g} GiB x gpu_memory_utilization {util:g}), less {reserve / GIB:.1f} GiB "
+        f"activation reserve, leaving no room for the KV cache; {hint}",
+        field="tensor_parallel",
+    )

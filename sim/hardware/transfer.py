@@ -1,0 +1,106 @@
+"""Calibrations for (model, GPU, TP) without a profile, built from the roofline file.
+
+The result has the same shape as a committed calibration file, so one
+:class:`~sim.hardware.cost_model.CostModel` constructor serves both:
+
+* linear ops and LM head: roofline with the A100-fitted efficiencies on this GPU's
+  roofs, evaluated on 128 log-spaced token counts (1..32768) and made monotone;
+* attention: the reference fit scaled by heads, head dim and the GPU's roofs;
+* all-reduce: A100 NVLink curve for TP GPUs, times A100 NVLink / this GPU's NVLink;
+* CPU overhead: the nearest profiled (TP, model size), host-side and GPU-independent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.errors import UserError
+from sim.hardware import fitting, roofline
+from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec
+from sim.hardware.curves import running_max
+
+GRID_POINTS = 128
+GRID_MAX_TOKENS = 32768
+PROFILED_GPU = "a100-80gb"
+
+
+def _grid() -> np.ndarray:
+    return np.unique(np.round(np.geomspace(1, GRID_MAX_TOKENS, GRID_POINTS)))
+
+
+def label_for(gpu: GPUSpec) -> str:
+    """Label of a roofline cost model on ``gpu``."""
+    return "transferred" if gpu.name == PROFILED_GPU else "uncalibrated (roofline)"
+
+
+def _all_reduce(roof: dict, gpu: GPUSpec, tp: int) -> dict | None:
+    if tp == 1:
+        return None
+    curves = roof["all_reduce"]["curves"]
+    if str(tp) not in curves:
+        raise UserError(
+            f"no all-reduce profile for {tp} GPUs (profiled: {', '.join(curves)}); "
+            f"use one of those tensor-parallel degrees",
+            field="tensor_parallel",
+        )
+    section = dict(curves[str(tp)])
+    factor = GPUS[PROFILED_GPU].nvlink_gb_per_s / gpu.nvlink_gb_per_s
+    section["ms"] = [ms * factor for ms in section["ms"]]
+    return section
+
+
+def _cpu(roof: dict, model: ModelSpec, tp: int) -> dict:
+    curves = {(c["model"], c["tp"]): c for c in roof["cpu_overhead"]["curves"]}
+    src = fitting.cpu_source(curves, model, tp)
+    exact = src == (model.name, tp)
+    how = "profiled" if exact else "not profiled; nearest TP, then nearest model size"
+    return {
+        "source": f"{src[0]} TP{src[1]} ({how})",
+        "batch_size": curves[src]["batch_size"],
+        "ms": curves[src]["ms"],
+    }
+
+
+def _fit_error(roof: dict, model: ModelSpec) -> dict:
+    loo = {k: v for k, v in roof["leave_one_model_out"].items() if k != "note"}
+    if model.name in loo:
+        linear = dict(loo[model.name], note=f"leave-one-model-out transfer error of {model.name}")
+    else:
+        linear = {
+            "mape": max(v["mape"] for v in loo.values()),
+            "worst": max(v["worst"] for v in loo.values()),
+            "note": "worst leave-one-model-out transfer error over the six profiled models",
+        }
+    return {
+        "linear": linear,
+        **{k: v for k, v in roof["fit_error"].items() if k.startswith("attention")},
+    }
+
+
+def roofline_calibration(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int) -> dict:
+    """A calibration-shaped dict for ``model`` at ``tp`` on ``gpu`` from the roofline file.
+
+    Raises:
+        UserError: no all-reduce profile for ``tp`` GPUs.
+    """
+    eff = roof["efficiency"]
+    grid = _grid()
+    ref = roof["attention_reference"]
+    dec, pre = fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
+    return {
+        "model": model.name,
+        "gpu": gpu.name,
+        "tensor_parallel": tp,
+        "linear": {
+            "tokens": grid.tolist(),
+            "ms": running_max(roofline.predict_linear_ms(eff, model, tp, gpu, grid)).tolist(),
+        },
+        "lm_head": {
+            "rows": grid.tolist(),
+            "ms": running_max(roofline.predict_lm_head_ms(eff, model, tp, gpu, grid)).tolist(),
+        },
+        "attention": {"decode": dec, "prefill": pre},
+        "all_reduce": _all_reduce(roof, gpu, tp),
+        "cpu_overhead": _cpu(roof, model, tp),
+        "fit_error": _fit_error(roof, model),
+    }
