@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -331,6 +331,16 @@ class Scenario(StrictModel):
 
     # Folder of the scenario file: relative data paths are resolved against it.
     _base_dir: str | None = PrivateAttr(default=None)
+
+    def __init__(self, **data: Any) -> None:
+        # Built in code, a scenario reports mistakes exactly as a YAML file does.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            from sim.errors import UserError
+            from sim.scenario_io import format_validation_error
+
+            raise UserError(format_validation_error(exc)) from None
 
     @field_validator("policies")
     @classmethod
