@@ -1,0 +1,170 @@
+"""Columnar record buffers: per-request results and per-iteration rows.
+
+The engine writes scalars into preallocated numpy columns (one slot per request) and
+appends to typed ``array.array`` columns (one entry per forward pass), so a run of
+10^6 requests and 10^7 iterations costs a few hundred MB instead of one Python object
+per row. Each buffer becomes a DataFrame once, at the end of the run; the column
+meanings are written down in ``docs/engine.md`` and ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+# Request status codes (int8 column). The first four are in flight; the last three are final.
+UNSENT, WAITING, RUNNING, BACKOFF, COMPLETED, TIMED_OUT, REJECTED = range(7)
+FINAL_STATUSES: tuple[str, ...] = ("completed", "timed_out", "rejected")
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "status",
+    "first_scheduled_s", "first_token_s", "completion_s", "queue_delay_s", "ttft_s", "tpot_s",
+    "e2e_s", "norm_latency_s", "preemptions", "retries",
+)  # fmt: skip
+"""Columns of ``SimOutput.requests``, in order."""
+
+ITERATION_COLUMNS: tuple[str, ...] = (
+    "replica", "start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
+    "kv_blocks_used", "kv_blocks_total",
+)  # fmt: skip
+"""Columns of ``SimOutput.iterations``, in order."""
+
+
+class RequestRecords:
+    """Per-request results of one run, one numpy slot per request index.
+
+    Times are NaN until the event happens. ``generated_tokens`` counts output tokens
+    produced so far; it survives preemption (recompute keeps generated tokens).
+
+    Args:
+        num_requests: requests in the stream.
+    """
+
+    def __init__(self, num_requests: int) -> None:
+        n = num_requests
+        self.replica = np.full(n, -1, dtype=np.int16)
+        self.arrival_s = np.full(n, np.nan)
+        self.first_scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.completion_s = np.full(n, np.nan)
+        self.enqueued_s = np.full(n, np.nan)  # last time it joined a queue (send or preemption)
+        self.status = np.zeros(n, dtype=np.int8)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.retries = np.zeros(n, dtype=np.int32)
+        self.generated_tokens = np.zeros(n, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    def unfinished(self) -> np.ndarray:
+        """Indices of requests that have not ended (empty after a complete run)."""
+        return np.flatnonzero(self.status < COMPLETED)
+
+    def to_frame(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> pd.DataFrame:
+        """The requests table (``REQUEST_COLUMNS``), with latencies derived vectorially.
+
+        Queue delay and TTFT are given wherever the event happened (also for a request
+        that later timed out); TPOT, E2E and normalized latency only for completed ones.
+        """
+        done = self.status == COMPLETED
+        n_out = np.asarray(output_tokens)
+        e2e_s = np.where(done, self.completion_s - self.arrival_s, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot_s = np.where(
+                done & (n_out > 1), (self.completion_s - self.first_token_s) / (n_out - 1), np.nan
+            )
+        status = pd.Categorical.from_codes(
+            np.clip(self.status.astype(np.int64) - COMPLETED, -1, None),
+            categories=list(FINAL_STATUSES),
+        )
+        return pd.DataFrame(
+            {
+                "request_id": np.arange(len(self), dtype=np.int64),
+                "replica": self.replica,
+                "arrival_s": self.arrival_s,
+                "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64),
+                "output_tokens": n_out.astype(np.int64),
+                "status": status,
+                "first_scheduled_s": self.first_scheduled_s,
+                "first_token_s": self.first_token_s,
+                "completion_s": self.completion_s,
+                "queue_delay_s": self.first_scheduled_s - self.arrival_s,
+                "ttft_s": self.first_token_s - self.arrival_s,
+                "tpot_s": tpot_s,
+                "e2e_s": e2e_s,
+                "norm_latency_s": e2e_s / n_out,
+                "preemptions": self.preemptions,
+                "retries": self.retries,
+            }
+        )
+
+
+class IterationRecords:
+    """Growable typed columns, one entry per forward pass (all of them, never sampled).
+
+    ``append`` is bound once per worker and called once per iteration; ``kv_blocks_total``
+    is constant per replica and filled in by ``to_frame``.
+    """
+
+    def __init__(self) -> None:
+        self._new_buffers()
+
+    def _new_buffers(self) -> None:
+        self.replica = array("h")
+        self.start_s = array("d")
+        self.duration_s = array("d")
+        self.batch_size = array("i")
+        self.prefill_tokens = array("i")
+        self.decode_tokens = array("i")
+        self.kv_blocks_used = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+    def append(
+        self,
+        replica: int,
+        start_s: float,
+        duration_s: float,
+        batch_size: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        kv_blocks_used: int,
+    ) -> None:
+        """Record one forward pass."""
+        self.replica.append(replica)
+        self.start_s.append(start_s)
+        self.duration_s.append(duration_s)
+        self.batch_size.append(batch_size)
+        self.prefill_tokens.append(prefill_tokens)
+        self.decode_tokens.append(decode_tokens)
+        self.kv_blocks_used.append(kv_blocks_used)
+
+    def to_frame(self, kv_blocks_total: int) -> pd.DataFrame:
+        """The iterations table (``ITERATION_COLUMNS``), ordered by start time then replica.
+
+        The buffers are emptied: the frame holds the only copy, keeping peak memory low.
+        """
+        columns: dict[str, array] = {
+            "replica": self.replica,
+            "start_s": self.start_s,
+            "duration_s": self.duration_s,
+            "batch_size": self.batch_size,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "kv_blocks_used": self.kv_blocks_used,
+        }
+        # np.frombuffer views the buffers without copying; the DataFrame makes the one copy.
+        data = {
+            name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()
+        }
+        data["kv_blocks_total"] = np.full(len(self), kv_blocks_total, dtype=np.int32)
+        frame = pd.DataFrame(data, copy=True)
+        del data
+        self._new_buffers()  # release the old ones
+        # Rows are appended when an iteration ends; sort by start so replicas interleave in time.
+        if len(frame) and not frame["start_s"].is_monotonic_increasing:
+            frame = frame.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
+        return frame

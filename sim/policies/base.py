@@ -1,0 +1,214 @@
+"""What a batching policy sees, what it returns, and the steps policies share.
+
+A policy is a small state machine: ``schedule(view) -> IterationPlan``. The view is
+read-only except for its KV ledger, which answers yes/no and remembers what this plan
+has already been promised. The plan is declarative (vLLM v1's ``SchedulerOutput``):
+which requests compute how many prompt tokens, whether the decoding requests take a
+step, whom to preempt first. The engine owns time, memory and bookkeeping and applies
+the plan; nothing here imports SimPy, so policies are tested with hand-built views.
+
+There is no prefill or decode phase as such: a request has computed tokens out of a
+target (prompt plus tokens generated so far); when they meet it emits a token and
+then decodes one token per step. One token budget covers static, continuous and
+chunked prefill.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Protocol
+
+MemoryMode = Literal["reserve", "paged"]
+VLLM_WATERMARK_FRACTION = 0.01
+
+
+@dataclass(slots=True)
+class IterationPlan:
+    """The next forward pass of one replica.
+
+    Attributes:
+        prefill: (request id, tokens) pieces in order: waiting requests joining the batch
+            (taken from the head of the queue, in queue order) and running requests
+            continuing a chunked prefill.
+        decode: every decoding request produces one token in this pass.
+        preempt: running requests to preempt (recompute) before the pass, victims first.
+        charge_idle_slots: finished sequences still holding a static-batch slot are charged
+            as decoding at their final context (padding).
+        wake_at_s: with nothing to run, ask again at this time even if nothing arrives.
+    """
+
+    prefill: list[tuple[int, int]] = field(default_factory=list)
+    decode: bool = False
+    preempt: list[int] = field(default_factory=list)
+    charge_idle_slots: bool = False
+    wake_at_s: float | None = None
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the plan runs a forward pass."""
+        return bool(self.prefill) or self.decode
+
+
+class KVLedgerView(Protocol):
+    """Yes/no KV questions for one plan; every yes is remembered (see sim.serving.ledger)."""
+
+    def try_admit(self, rid: int, tokens: int, keep_free_fraction: float = 0.0) -> bool: ...
+    def try_extend(self, rid: int, tokens: int) -> bool: ...
+    def try_decode_step(self) -> bool: ...
+    def release(self, rid: int) -> None: ...
+
+
+class SchedulerView(Protocol):
+    """A replica as a policy sees it at an iteration boundary (read-only but for ``kv``)."""
+
+    @property
+    def now_s(self) -> float:
+        """Current simulated time."""
+        ...
+
+    @property
+    def kv(self) -> KVLedgerView:
+        """The KV ledger of this decision."""
+        ...
+
+    @property
+    def waiting_count(self) -> int:
+        """Requests in the queue."""
+        ...
+
+    @property
+    def running_count(self) -> int:
+        """Requests holding a batch slot (finished ones keeping a static-batch slot included)."""
+        ...
+
+    @property
+    def decoding_count(self) -> int:
+        """Running requests that decode in the next step."""
+        ...
+
+    def waiting_ids(self) -> Iterator[int]:
+        """Queued request ids, head (next to run) first."""
+        ...
+
+    def oldest_waiting_since_s(self) -> float:
+        """When the head of the queue joined it (inf if the queue is empty)."""
+        ...
+
+    def tokens_to_prefill(self, rid: int) -> int:
+        """Tokens request ``rid`` must still compute before it emits its next token."""
+        ...
+
+    def prefilling_ids(self) -> list[int]:
+        """Running requests part-way through a (chunked) prefill, oldest arrival first."""
+        ...
+
+    def running_newest_first(self) -> Iterator[int]:
+        """Running request ids, most recently arrived first (preemption order)."""
+        ...
+
+    def is_decoding(self, rid: int) -> bool:
+        """Whether running request ``rid`` decodes in the next step."""
+        ...
+
+
+class Policy(ABC):
+    """A batching policy: decides what the next iteration runs, nothing else.
+
+    Class attributes tell the engine the memory discipline the policy assumes:
+    ``memory`` is "reserve" (KV for prompt + max output reserved at admission) or
+    "paged" (blocks allocated as tokens are computed); ``holds_slots`` keeps finished
+    sequences in the batch, with their KV, until the whole batch is done (static).
+    """
+
+    memory: ClassVar[MemoryMode] = "reserve"
+    holds_slots: ClassVar[bool] = False
+
+    @abstractmethod
+    def schedule(self, view: SchedulerView) -> IterationPlan:
+        """Plan the next forward pass (an empty plan means: wait for arrivals)."""
+
+
+def admit_waiting(
+    view: SchedulerView,
+    plan: IterationPlan,
+    *,
+    room: int,
+    token_budget: float = math.inf,
+    chunked: bool = False,
+    oversize_alone: bool = False,
+    keep_free_fraction: float = 0.0,
+) -> float:
+    """Add queued requests to ``plan`` in FIFO order while they fit; return the budget left.
+
+    Stops at the first request that does not fit (no overtaking), when ``room`` slots are
+    used, or when the token budget is spent.
+
+    Args:
+        view: the replica.
+        plan: the plan being built (appended to).
+        room: most requests that may join.
+        token_budget: most prompt tokens this pass may compute for joiners.
+        chunked: a joiner may compute only part of its prompt (what the budget allows).
+        oversize_alone: a prompt longer than the whole budget may still run if it is the
+            only prefill of the pass (vLLM v0 without chunking).
+        keep_free_fraction: share of the KV capacity that must stay free after each
+            admission (vLLM's watermark against immediate preemption).
+    """
+    for rid in view.waiting_ids():
+        if room <= 0 or token_budget <= 0:
+            break
+        tokens = view.tokens_to_prefill(rid)
+        if chunked:
+            tokens = min(tokens, int(token_budget))
+        elif tokens > token_budget and not (oversize_alone and not plan.prefill):
+            break
+        if not view.kv.try_admit(rid, tokens, keep_free_fraction):
+            break
+        plan.prefill.append((rid, tokens))
+        room -= 1
+        token_budget -= tokens
+    return token_budget
+
+
+def watermark(view: SchedulerView) -> float:
+    """vLLM v0's admission watermark: keep 1% of the KV blocks free when admitting a request
+    (``BlockSpaceManager(watermark=0.01)``), so that running requests can grow without an
+    immediate preemption. An empty replica admits without it, so every request can start.
+    """
+    return VLLM_WATERMARK_FRACTION if view.running_count else 0.0
+
+
+def preempt_until(
+    view: SchedulerView,
+    plan: IterationPlan,
+    fits: Callable[[], bool],
+    requester: int | None = None,
+) -> bool:
+    """Preempt running requests, most recently arrived first, until ``fits()`` says yes.
+
+    Victims are appended to ``plan.preempt`` and released in the ledger. If the victim
+    is the ``requester`` itself, stop: it has been preempted and gets nothing.
+
+    Returns:
+        Whether ``fits()`` finally said yes (False: no victim left, or the requester went).
+    """
+    if fits():
+        return True
+    chosen = set(plan.preempt)
+    victims: Iterable[int] = (rid for rid in view.running_newest_first() if rid not in chosen)
+    for victim in victims:
+        view.kv.release(victim)
+        plan.preempt.append(victim)
+        if victim == requester:
+            return False
+        if fits():
+            return True
+    return False
+
+
+def decoders_left(view: SchedulerView, plan: IterationPlan) -> int:
+    """Decoding requests that remain after this plan's preemptions."""
+    return view.decoding_count - sum(1 for rid in plan.preempt if view.is_decoding(rid))

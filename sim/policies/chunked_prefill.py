@@ -1,0 +1,78 @@
+"""Chunked prefill with stall-free batching, as in Sarathi-Serve (Agrawal et al., OSDI 2024).
+
+Every iteration has a budget of ``chunk_size`` tokens. All decoding requests go first
+(one token each); the rest of the budget goes to prefill chunks, first to requests
+part-way through their prompt (oldest first), then to waiting requests in FIFO order
+(admitted while their chunk fits and vLLM's 1% watermark of blocks stays free).
+Memory is paged, with the same recompute preemption as ``paged``: when a decode step or
+a running request's chunk needs blocks and none are free, the most recently arrived
+running request is preempted. At most ``min(max_batch_size, chunk_size)`` requests run,
+so the decodes alone never exceed the budget (vLLM also requires the token budget to be
+at least the sequence limit; admission in budget order keeps this anyway).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from sim.config import ChunkedPrefillPolicyConfig
+from sim.policies.base import (
+    IterationPlan,
+    Policy,
+    SchedulerView,
+    admit_waiting,
+    decoders_left,
+    preempt_until,
+    watermark,
+)
+
+
+class ChunkedPrefillPolicy(Policy):
+    """Sarathi-Serve-style token-budget scheduling on paged memory.
+
+    Args:
+        config: the chunked-prefill policy config (max_batch_size, chunk_size).
+    """
+
+    memory = "paged"
+
+    def __init__(self, config: ChunkedPrefillPolicyConfig) -> None:
+        self.chunk_size = config.chunk_size
+        self.max_running = min(config.max_batch_size, config.chunk_size)
+
+    def schedule(self, view: SchedulerView) -> IterationPlan:
+        """Decodes first, then chunks for running, then for waiting requests, within the budget."""
+        plan = IterationPlan()
+        if view.decoding_count:
+            preempt_until(view, plan, view.kv.try_decode_step)
+        decodes = decoders_left(view, plan)
+        plan.decode = decodes > 0
+        budget = self._continue_prefills(view, plan, self.chunk_size - decodes)
+        # A decoder preempted for an older request's chunk gives its budget token back.
+        still_decoding = decoders_left(view, plan)
+        plan.decode = still_decoding > 0
+        budget += decodes - still_decoding
+        room = self.max_running - (view.running_count - len(plan.preempt))
+        if view.waiting_count and room > 0 and budget > 0:
+            keep_free = watermark(view)
+            admit_waiting(
+                view,
+                plan,
+                room=room,
+                token_budget=budget,
+                chunked=True,
+                keep_free_fraction=keep_free,
+            )
+        return plan
+
+    def _continue_prefills(self, view: SchedulerView, plan: IterationPlan, budget: int) -> int:
+        for rid in view.prefilling_ids():
+            if budget <= 0:
+                break
+            if rid in plan.preempt:
+                continue
+            tokens = min(budget, view.tokens_to_prefill(rid))
+            if preempt_until(view, plan, partial(view.kv.try_extend, rid, tokens), requester=rid):
+                plan.prefill.append((rid, tokens))
+                budget -= tokens
+        return budget

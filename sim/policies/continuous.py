@@ -1,0 +1,33 @@
+"""Continuous (iteration-level) batching, as in Orca (Yu et al., OSDI 2022).
+
+After every iteration finished sequences leave and waiting requests join in FIFO order
+while the batch has fewer than ``max_batch_size`` sequences and their KV reservation
+(prompt + max output tokens, as Orca reserves) fits; the joiners' whole prompts are
+prefilled in the same iteration as the running sequences' decode step.
+"""
+
+from __future__ import annotations
+
+from sim.config import ContinuousPolicyConfig
+from sim.policies.base import IterationPlan, Policy, SchedulerView, admit_waiting
+
+
+class ContinuousPolicy(Policy):
+    """Orca-style iteration-level scheduling with per-request KV reservation.
+
+    Args:
+        config: the continuous policy config (max_batch_size).
+    """
+
+    memory = "reserve"
+
+    def __init__(self, config: ContinuousPolicyConfig) -> None:
+        self.max_batch_size = config.max_batch_size
+
+    def schedule(self, view: SchedulerView) -> IterationPlan:
+        """Decode every running sequence and let FIFO joiners prefill alongside."""
+        plan = IterationPlan(decode=view.decoding_count > 0)
+        room = self.max_batch_size - view.running_count
+        if view.waiting_count and room > 0:
+            admit_waiting(view, plan, room=room)
+        return plan

@@ -1,0 +1,60 @@
+"""Paged attention with prefill-first scheduling and recompute preemption (vLLM v0).
+
+KV is allocated in blocks of ``block_size`` tokens as tokens are computed. An iteration
+is a prefill iteration if any waiting request can start: FIFO waiting requests join
+while their prompt blocks fit (leaving vLLM's 1% watermark of blocks free), the batch
+stays within ``max_batch_size`` and their prompts within ``max_num_batched_tokens`` (a
+single longer prompt still runs alone).
+Otherwise every running request decodes; when the step needs a block and none is free,
+the most recently arrived running request is preempted (its blocks freed, back to the
+head of the queue, prompt plus generated tokens re-prefilled later), repeatedly, until
+the step fits (vLLM's recompute preemption).
+"""
+
+from __future__ import annotations
+
+from sim.config import PagedPolicyConfig
+from sim.policies.base import (
+    IterationPlan,
+    Policy,
+    SchedulerView,
+    admit_waiting,
+    preempt_until,
+    watermark,
+)
+
+
+class PagedPolicy(Policy):
+    """vLLM v0-style paged scheduling.
+
+    Args:
+        config: the paged policy config (max_batch_size, max_num_batched_tokens).
+    """
+
+    memory = "paged"
+
+    def __init__(self, config: PagedPolicyConfig) -> None:
+        self.max_batch_size = config.max_batch_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+
+    def schedule(self, view: SchedulerView) -> IterationPlan:
+        """A prefill iteration if a waiting request fits, else a decode step with preemptions."""
+        plan = IterationPlan()
+        room = self.max_batch_size - view.running_count
+        if view.waiting_count and room > 0:
+            budget = self.max_num_batched_tokens
+            keep_free = watermark(view)
+            admit_waiting(
+                view,
+                plan,
+                room=room,
+                token_budget=budget,
+                oversize_alone=True,
+                keep_free_fraction=keep_free,
+            )
+            if plan.prefill:
+                return plan
+        if view.decoding_count:
+            preempt_until(view, plan, view.kv.try_decode_step)
+            plan.decode = True
+        return plan

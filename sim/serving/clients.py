@@ -1,0 +1,164 @@
+"""Clients: when requests are sent, admission control, retries with backoff, deadlines.
+
+Open loop: request i is sent at ``stream.arrival_s[i]``. Closed loop: the first
+``clients`` requests are sent at t=0 and every request that ends (completed, timed
+out, finally rejected) makes its client send the next unsent request index after that
+request's think time. With ``client.timeout_s`` each request is abandoned at first send
++ timeout if it has not completed; with ``admission.max_queue`` a send to a replica
+whose queue is full is rejected and, while retries remain, re-sent after
+``backoff_s * 2**k`` (k = retries so far). Retries go through the router again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+
+from sim.config import AdmissionConfig, ClientConfig
+from sim.metrics.records import BACKOFF, COMPLETED, REJECTED, TIMED_OUT, RequestRecords
+from sim.serving.clock import delay_until
+from sim.serving.router import Router
+from sim.serving.state import ReplicaState
+from sim.workload.stream import RequestStream
+
+
+class Clients:
+    """All clients of one run.
+
+    Args:
+        env: the SimPy environment.
+        stream: the requests.
+        records: per-request results.
+        replicas: replica states, by index.
+        wake: ``wake(replica)`` tells an idle worker that work arrived.
+        route: the router.
+        client: timeouts and retries (None: patient clients, no retries).
+        admission: queue limit (None: unbounded).
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        stream: RequestStream,
+        records: RequestRecords,
+        replicas: Sequence[ReplicaState],
+        wake: Callable[[int], None],
+        route: Router,
+        client: ClientConfig | None,
+        admission: AdmissionConfig | None,
+    ) -> None:
+        self.finished = 0
+        self._env = env
+        self._stream = stream
+        self._records = records
+        self._replicas = replicas
+        self._wake = wake
+        self._route = route
+        self._timeout_s = client.timeout_s if client else None
+        self._max_retries = client.max_retries if client else 0
+        self._backoff_s = client.backoff_s if client else 0.0
+        self._max_queue = admission.max_queue if admission else None
+        self._next_unsent = 0
+        self._to_send: deque[int] = deque()
+        self._sending = False
+
+    def start(self) -> None:
+        """Schedule the first sends."""
+        loop = self._stream.closed_loop
+        if loop is None:
+            self._env.process(self._open_loop())
+            return
+        first = min(loop.clients, len(self._stream))
+        self._next_unsent = first
+        for rid in range(first):
+            self._send(rid)
+
+    def completed(self, rids: list[int]) -> None:
+        """Requests a worker just completed."""
+        for rid in rids:
+            self._ended(rid)
+
+    def _later(self, delay_s: float, action: Callable[[int], None], rid: int) -> None:
+        # A bare timeout with a callback: one heap entry, no process.
+        self._env.timeout(delay_s).callbacks.append(lambda _event: action(rid))
+
+    # ------------------------------------------------------------------ sending
+    def _open_loop(self) -> Generator[Any, Any, None]:
+        env = self._env
+        for rid, at_s in enumerate(self._stream.arrival_s.tolist()):
+            if at_s > env.now:
+                yield env.timeout(delay_until(env.now, at_s))
+            self._send(rid)
+
+    def _send(self, rid: int) -> None:
+        # Sends triggered while sending (a rejection ends a closed-loop request, whose
+        # client sends again) are queued, not recursed into.
+        self._to_send.append(rid)
+        if self._sending:
+            return
+        self._sending = True
+        while self._to_send:
+            self._first_send(self._to_send.popleft())
+        self._sending = False
+
+    def _first_send(self, rid: int) -> None:
+        self._records.arrival_s[rid] = self._env.now
+        if self._timeout_s is not None:
+            self._later(self._timeout_s, self._deadline, rid)
+        self._deliver(rid)
+
+    def _deliver(self, rid: int) -> None:
+        index = self._route()
+        replica = self._replicas[index]
+        if self._max_queue is not None and replica.waiting_count >= self._max_queue:
+            self._reject(rid, index)
+            return
+        replica.enqueue(rid, self._env.now)
+        self._wake(index)
+
+    def _reject(self, rid: int, index: int) -> None:
+        records = self._records
+        records.replica[rid] = index
+        retries = int(records.retries[rid])
+        if retries < self._max_retries:
+            records.retries[rid] = retries + 1
+            records.status[rid] = BACKOFF
+            delay_s = self._backoff_s * 2**retries
+            self._later(delay_s, self._retry, rid)
+            return
+        records.status[rid] = REJECTED
+        records.completion_s[rid] = self._env.now
+        self._ended(rid)
+
+    def _retry(self, rid: int) -> None:
+        if self._records.status[rid] == BACKOFF:  # else it timed out while backing off
+            self._deliver(rid)
+
+    # ------------------------------------------------------------------ endings
+    def _deadline(self, rid: int) -> None:
+        records = self._records
+        status = records.status[rid]
+        if status >= COMPLETED:
+            return
+        if status == BACKOFF:
+            records.status[rid] = TIMED_OUT
+            records.completion_s[rid] = self._env.now
+        else:
+            self._replicas[records.replica[rid]].abandon(rid, self._env.now)
+        self._ended(rid)
+
+    def _ended(self, rid: int) -> None:
+        self.finished += 1
+        loop = self._stream.closed_loop
+        if loop is None or self._next_unsent >= len(self._stream):
+            return
+        nxt = self._next_unsent
+        self._next_unsent += 1
+        think_s = float(loop.think_time_s[nxt])
+        if think_s > 0:
+            self._later(think_s, self._send, nxt)
+        else:
+            self._send(nxt)

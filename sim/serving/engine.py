@@ -1,0 +1,250 @@
+"""The engine's entry point: one policy on one request stream, simulated with SimPy.
+
+``simulate`` wires the parts for one run: per replica a block allocator, a replica
+state and a worker process; one router; the clients (arrivals, admission, retries,
+deadlines). Then it runs the event loop to exhaustion and returns the request and
+iteration tables. Semantics, metric definitions and modelling assumptions are in
+``docs/engine.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.config import AdmissionConfig, ClientConfig
+from sim.errors import UserError
+from sim.metrics.records import IterationRecords, RequestRecords
+from sim.policies import make_policy
+from sim.policies.base import Policy
+from sim.serving.clients import Clients
+from sim.serving.kv_cache import BlockAllocator
+from sim.serving.router import make_router
+from sim.serving.state import ReplicaState
+from sim.serving.worker import CostModelLike, Worker
+from sim.workload.stream import RequestStream
+
+ProgressCallback = Callable[[float, int], None]
+PROGRESS_EVERY_ITERATIONS = 4096
+
+
+@dataclass(frozen=True)
+class SimOutput:
+    """Records of one simulated run.
+
+    Attributes:
+        requests: one row per request, in request-id order (columns
+            ``sim.metrics.records.REQUEST_COLUMNS``).
+        iterations: one row per forward pass, all of them, by start time (columns
+            ``sim.metrics.records.ITERATION_COLUMNS``).
+    """
+
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+
+
+def simulate(
+    stream: RequestStream,
+    policy: Any,
+    cost_model: CostModelLike,
+    *,
+    kv_blocks: int,
+    block_size: int,
+    replicas: int = 1,
+    router: str = "round_robin",
+    client: ClientConfig | None = None,
+    admission: AdmissionConfig | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> SimOutput:
+    """Simulate serving ``stream`` under one batching policy.
+
+    Args:
+        stream: the requests (send times or closed-loop clients, lengths).
+        policy: a policy config from :mod:`sim.config` (``StaticPolicyConfig``, ...).
+        cost_model: prices each forward pass (``time_from_totals_s``).
+        kv_blocks: KV capacity of each replica, in blocks.
+        block_size: tokens per KV block.
+        replicas: independent GPU workers behind the router.
+        router: ``round_robin``, ``least_outstanding`` or ``random``.
+        client: client timeouts and retries (None: patient clients).
+        admission: queue limit per replica (None: unbounded).
+        seed: seeds the ``"router"`` stream (random router).
+        progress: called as ``progress(sim_time_s, finished_requests)`` every few
+            thousand forward passes and once at the end.
+
+    Returns:
+        SimOutput with the requests and iterations tables.
+
+    Raises:
+        UserError: bad sizes, unknown router or policy, or a request that could never
+            fit in one replica's KV cache.
+    """
+    engine = Engine(
+        stream,
+        policy,
+        cost_model,
+        kv_blocks=kv_blocks,
+        block_size=block_size,
+        replicas=replicas,
+        router=router,
+        client=client,
+        admission=admission,
+        seed=seed,
+        progress=progress,
+    )
+    return engine.run()
+
+
+class Engine:
+    """One run's wiring (the composition root); ``run()`` may be called once.
+
+    Same arguments as :func:`simulate`, plus ``audit_every`` (check replica invariants
+    every this many passes per replica). After ``run()`` the records and replica states
+    stay readable, which tests use (e.g. ``records.generated_tokens``).
+    """
+
+    def __init__(
+        self,
+        stream: RequestStream,
+        policy: Any,
+        cost_model: CostModelLike,
+        *,
+        kv_blocks: int,
+        block_size: int,
+        replicas: int = 1,
+        router: str = "round_robin",
+        client: ClientConfig | None = None,
+        admission: AdmissionConfig | None = None,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        audit_every: int = 4096,
+    ) -> None:
+        _check_sizes(kv_blocks, block_size, replicas, cost_model)
+        self.policy: Policy = make_policy(policy)
+        _check_requests_fit(stream, self.policy, kv_blocks, block_size)
+        self.stream = stream
+        self.env = simpy.Environment()
+        self.records = RequestRecords(len(stream))
+        self.iterations = IterationRecords()
+        self.kv_blocks = kv_blocks
+        reserve = stream.max_output_tokens if self.policy.memory == "reserve" else None
+        self.states = [
+            ReplicaState(
+                i,
+                self.records,
+                stream.prompt_tokens,
+                stream.output_tokens,
+                BlockAllocator(kv_blocks, block_size),
+                reserve_output_tokens=reserve,
+                holds_slots=self.policy.holds_slots,
+            )
+            for i in range(replicas)
+        ]
+        self.clients = Clients(
+            self.env,
+            stream,
+            self.records,
+            self.states,
+            self._wake,
+            make_router(router, self.states, seed),
+            client,
+            admission,
+        )
+        self.workers = [
+            Worker(
+                self.env,
+                state,
+                self.policy,
+                cost_model,
+                self.iterations,
+                on_completed=self.clients.completed,
+                on_iteration=self._tick,
+                audit_every=audit_every,
+            )
+            for state in self.states
+        ]
+        self._progress = progress
+        self._passes = 0
+
+    def run(self) -> SimOutput:
+        """Run the event loop until every request has ended; return the records."""
+        for worker in self.workers:
+            self.env.process(worker.run())
+        self.clients.start()
+        self.env.run()
+        self._check_finished()
+        if self._progress is not None:
+            self._progress(self.env.now, self.clients.finished)
+        requests = self.records.to_frame(self.stream.prompt_tokens, self.stream.output_tokens)
+        return SimOutput(requests, self.iterations.to_frame(self.kv_blocks))
+
+    def _wake(self, replica: int) -> None:
+        self.workers[replica].wake()
+
+    def _tick(self) -> None:
+        self._passes += 1
+        if self._progress is not None and self._passes % PROGRESS_EVERY_ITERATIONS == 0:
+            self._progress(self.env.now, self.clients.finished)
+
+    def _check_finished(self) -> None:
+        unfinished = self.records.unfinished()
+        if len(unfinished):
+            raise RuntimeError(
+                f"{len(unfinished)} requests never ended (first: {unfinished[:5].tolist()})"
+            )
+        if self.clients.finished != len(self.stream):
+            raise RuntimeError(
+                f"{self.clients.finished} request endings for {len(self.stream)} requests"
+            )
+        for state in self.states:
+            state.audit()
+            if state.running_count or state.blocks.used_blocks:
+                raise RuntimeError(
+                    f"replica {state.index} still holds requests or KV after the run"
+                )
+
+
+def _check_sizes(kv_blocks: int, block_size: int, replicas: int, cost_model: Any) -> None:
+    for name, value in (
+        ("kv_blocks", kv_blocks),
+        ("block_size", block_size),
+        ("replicas", replicas),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise UserError(f"{name} must be an integer >= 1, got {value!r}", field=name)
+    if not callable(getattr(cost_model, "time_from_totals_s", None)):
+        raise UserError(
+            f"cost model {type(cost_model).__name__} has no time_from_totals_s(...) method"
+        )
+
+
+def _check_requests_fit(
+    stream: RequestStream, policy: Policy, kv_blocks: int, block_size: int
+) -> None:
+    """Refuse a request that could not run even alone on an empty replica (never admitted)."""
+    if not len(stream):
+        return
+    prompt = stream.prompt_tokens.astype(np.int64)
+    if policy.memory == "reserve":
+        tokens = prompt + stream.max_output_tokens  # reserved at admission
+        what = f"prompt + max_output_tokens ({stream.max_output_tokens}), reserved at admission"
+    else:
+        tokens = (
+            prompt + stream.output_tokens.astype(np.int64) - 1
+        )  # cached at its last decode step
+        what = "prompt + output tokens - 1 (its KV at its last step)"
+    worst = int(np.argmax(tokens))
+    needed_blocks = -(-int(tokens[worst]) // block_size)
+    if needed_blocks > kv_blocks:
+        raise UserError(
+            f"request {worst} needs {int(tokens[worst])} tokens of KV ({what}) = {needed_blocks} "
+            f"blocks of {block_size}, but kv_blocks is {kv_blocks}; raise memory.kv_blocks / "
+            "GPU memory, or shorten the requests",
+            field="kv_blocks",
+        )
