@@ -109,7 +109,8 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     """Look up hardware, size the KV cache, load the cost model and draw the request stream.
 
     Raises:
-        UserError: unknown model/GPU, model does not fit, or a request can never fit in the KV cache.
+        UserError: unknown model/GPU, the model does not fit, or a workload file is missing or corrupt.
+        (Whether each request fits the KV cache depends on the policy; the engine checks that.)
     """
     model = get_model(scenario.model)
     gpu = get_gpu(scenario.gpu)
@@ -123,22 +124,7 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
     )
     stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
-    _check_requests_fit(stream, kv)
     return ResolvedScenario(scenario, model, gpu, kv, cost_model, stream)
-
-
-def _check_requests_fit(stream: RequestStream, kv: KVBudget) -> None:
-    largest = stream.max_request_tokens
-    # A request needing more blocks than exist could never be admitted; say so instead of hanging.
-    needed_blocks = -(-largest // kv.block_size)
-    if needed_blocks > kv.num_blocks:
-        raise UserError(
-            f"workload: the largest request needs {largest} tokens of KV (longest prompt + max_output_tokens "
-            f"{stream.max_output_tokens}) = {needed_blocks} blocks, but the KV cache holds {kv.num_blocks} blocks "
-            f"({kv.capacity_tokens} tokens); lower workload.max_output_tokens or the length clamps, "
-            f"or add memory (tensor_parallel, memory.gpu_memory_utilization)",
-            field="workload",
-        )
 
 
 def run(

@@ -245,6 +245,7 @@ def _check_requests_fit(
         raise UserError(
             f"request {worst} needs {int(tokens[worst])} tokens of KV ({what}) = {needed_blocks} "
             f"blocks of {block_size}, but kv_blocks is {kv_blocks}; raise memory.kv_blocks / "
-            "GPU memory, or shorten the requests",
-            field="kv_blocks",
+            "GPU memory (tensor_parallel, memory.gpu_memory_utilization), or lower "
+            "workload.max_output_tokens / the length clamps",
+            field="workload",
         )
