@@ -27,8 +27,8 @@ __all__ = ["Scenario", "UserError", "load_scenario", "run", "RunResult", "sweep"
 _LAZY = {
     "run": ("sim.runner", "run"),
     "RunResult": ("sim.runner", "RunResult"),
-    "sweep": ("sim.sweep", "sweep"),
-    "capacity": ("sim.sweep", "capacity"),
+    "sweep": ("sim.sweeps", "sweep"),
+    "capacity": ("sim.sweeps", "capacity"),
     "plots": ("sim.report", "plots"),
 }
 

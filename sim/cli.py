@@ -58,7 +58,7 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     calibrate_cli.add_parser(sub)
     sub.choices["calibrate"].set_defaults(handler=calibrate_cli.run)
     try:
-        from sim.sweep import cli as sweep_cli
+        from sim.sweeps import cli as sweep_cli
     except ImportError:  # sweeps are optional until the sweep package lands
         return
     sweep_cli.add_parsers(sub)

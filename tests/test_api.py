@@ -22,7 +22,7 @@ import sim
 from sim.cli import main as cli_main
 from sim.metrics.summary import SUMMARY_COLUMNS
 from sim.outputs import CSV_FLOAT_FORMAT
-from sim.sweep import sweep
+from sim.sweeps import sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -284,8 +284,8 @@ def test_sweep_equals_a_loop_of_runs(tiny_result: sim.RunResult) -> None:
 
 
 def test_sim_sweep_stays_the_function_once_the_sweep_package_is_loaded() -> None:
-    # `sim.sweep` names both a function and the package defining it; importing the package
-    # (as the CLI and sim.capacity do) must not shadow the function.
+    # The function sim.sweep lives in the package sim.sweeps; importing that package (as the
+    # CLI and sim.capacity do) must not shadow the function.
     code = "import sim, sim.cli; sim.capacity; sim.cli.build_parser(); print(callable(sim.sweep))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True

@@ -1,0 +1,188 @@
+"""The sweep's results file, written incrementally and recoverable after a crash.
+
+``sweep.csv`` grows by one whole point (all its policy rows) at a time: the rows are
+formatted into one string and appended with a single ``write`` on an ``O_APPEND``
+descriptor, then fsync'ed, so a killed sweep leaves at worst a trailing partial line.
+Floats are written in Python's shortest round-trip form and read back with
+``float_precision="round_trip"``, so a resumed sweep returns the very same numbers.
+
+``sweep.json`` next to it records what the rows mean (base scenario, grid, seeds);
+``resume`` refuses a folder written by a different sweep instead of mixing results.
+On resume, the trailing partial line, points with missing rows and failed points are
+dropped (the file is rewritten atomically) and those points run again.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.errors import UserError
+
+CSV_NAME = "sweep.csv"
+MANIFEST_NAME = "sweep.json"
+
+Key = tuple[int, int]  # (point, seed)
+
+
+def header_line(columns: Sequence[str]) -> str:
+    """The CSV header, quoted exactly as pandas quotes data rows."""
+    return pd.DataFrame(columns=list(columns)).to_csv(index=False, lineterminator="\n")
+
+
+def rows_text(frame: pd.DataFrame) -> str:
+    """CSV lines of ``frame`` (no header), floats in shortest round-trip form."""
+    return frame.to_csv(index=False, header=False, lineterminator="\n")
+
+
+# pandas 3 parses floats exactly by default (and deprecates the option); pandas 2's
+# default "high" precision can be off by one unit in the last place.
+_EXACT_FLOATS: dict[str, Any] = (
+    {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+)
+
+
+def parse_rows(columns: Sequence[str], texts: Sequence[str]) -> pd.DataFrame:
+    """Parse CSV rows back into a DataFrame: floats exact, empty cells NaN (``error``: "")."""
+    buffer = io.StringIO(header_line(columns) + "".join(texts))
+    empty_is_nan = {c: [""] for c in columns if c != "error"}
+    return pd.read_csv(
+        buffer, keep_default_na=False, na_values=empty_is_nan, dtype={"error": str}, **_EXACT_FLOATS
+    )
+
+
+class SweepFile:
+    """Appends whole points to ``folder/sweep.csv``.
+
+    Args:
+        folder: output folder (created if missing).
+        columns: the CSV columns, in order.
+        manifest: JSON-able description of the sweep (``scenario``, ``params``, ``seeds``).
+    """
+
+    def __init__(self, folder: Path, columns: Sequence[str], manifest: dict[str, Any]) -> None:
+        self.folder = Path(folder)
+        self.columns = list(columns)
+        # Through JSON once, so it compares equal to the copy read back on resume.
+        self.manifest = json.loads(json.dumps(manifest, sort_keys=True, default=str))
+        self.path = self.folder / CSV_NAME
+        self._fd: int | None = None
+
+    def start(self, resume: bool, expected_rows: Callable[[Key], int]) -> list[str]:
+        """Open the file for appending; returns the row lines kept from a previous run.
+
+        Args:
+            resume: keep complete, successful points of an earlier run of this sweep.
+            expected_rows: rows of a complete point (its policy count); 0 for keys not in it.
+
+        Raises:
+            UserError: resuming a folder written by a different sweep.
+        """
+        self.folder.mkdir(parents=True, exist_ok=True)
+        kept: list[str] = []
+        if resume and self.path.exists():
+            self._check_manifest()
+            kept = self._recover(expected_rows)
+        _write_atomic(
+            self.folder / MANIFEST_NAME, json.dumps(self.manifest, indent=1, sort_keys=True) + "\n"
+        )
+        _write_atomic(self.path, header_line(self.columns) + "".join(kept))
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        return kept
+
+    def append(self, text: str) -> None:
+        """Append one point's rows with a single write, then flush them to disk."""
+        if self._fd is None:
+            raise RuntimeError("SweepFile.start() was not called")
+        data = text.encode("utf-8")
+        written = os.write(self._fd, data)
+        if written != len(data):  # only on a full disk; the next resume drops the partial line
+            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> SweepFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_manifest(self) -> None:
+        path = self.folder / MANIFEST_NAME
+        if not path.exists():
+            raise UserError(
+                f"cannot resume: {path} is missing, so the rows in {self.path} cannot be "
+                f"matched to this sweep; use a new --out folder or drop --resume"
+            )
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"cannot resume: {path} is not valid JSON") from None
+        for part in ("scenario", "params", "seeds"):
+            if _canonical(old.get(part)) != _canonical(self.manifest.get(part)):
+                raise UserError(
+                    f"cannot resume: {self.path} was written by a different sweep (its {part} "
+                    f"differs); use a new --out folder or drop --resume"
+                )
+
+    def _recover(self, expected_rows: Callable[[Key], int]) -> list[str]:
+        text = self.path.read_bytes().decode("utf-8", errors="replace")
+        complete = text[: text.rfind("\n") + 1]  # a killed append leaves at most one partial line
+        lines = complete.splitlines(keepends=True)
+        if not lines:
+            return []
+        if lines[0] != header_line(self.columns):
+            raise UserError(
+                f"cannot resume: {self.path} has different columns than this sweep writes; "
+                f"use a new --out folder or drop --resume"
+            )
+        return _complete_points(lines[1:], self.columns, expected_rows)
+
+
+def _complete_points(
+    lines: list[str], columns: list[str], expected_rows: Callable[[Key], int]
+) -> list[str]:
+    """The lines of points that have all their rows and no error, in file order."""
+    at = {name: columns.index(name) for name in ("point", "seed", "error")}
+    by_key: dict[Key, list[str]] = {}
+    failed: set[Key] = set()
+    for line in lines:
+        fields = next(csv.reader([line]), [])
+        if len(fields) != len(columns):
+            continue  # a malformed line: its point will simply run again
+        try:
+            key = (int(fields[at["point"]]), int(fields[at["seed"]]))
+        except ValueError:
+            continue
+        by_key.setdefault(key, []).append(line)
+        if fields[at["error"]]:
+            failed.add(key)
+    done = {
+        k for k, rows in by_key.items() if k not in failed and len(rows) == expected_rows(k) > 0
+    }
+    return [line for key, rows in by_key.items() if key in done for line in rows]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,117 @@
+"""Sweeps on the real engine: identical to the last digit in-process, in a process pool and on Ray,
+and equal to a loop of :func:`sim.runner.run` calls (the API and the sweep share one code path)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+import pytest
+
+from sim.config import Scenario
+from sim.errors import UserError
+from sim.runner import run
+from sim.scenario_io import scenario_from_dict
+from sim.sweeps import sweep
+from sim.sweeps.backends import open_backend, resolve_workers
+
+TINY = {
+    "name": "sweep_tiny",
+    "seed": 11,
+    "model": "llama-2-7b",
+    "gpu": "a100-80gb",
+    "workload": {
+        "requests": 120,
+        "arrival": {"kind": "poisson", "rate": 4.0},
+        "prompt_tokens": {"kind": "uniform", "low": 32, "high": 256},
+        "output_tokens": {"kind": "uniform", "low": 4, "high": 96},
+    },
+    "policies": [
+        {"name": "static", "kind": "static", "max_batch_size": 8},
+        {"name": "continuous", "kind": "continuous", "max_batch_size": 8},
+        {"name": "vllm", "kind": "paged", "max_batch_size": 64},
+    ],
+    "slo": {"ttft_p99_s": 1.0, "tpot_p99_s": 0.05},
+}
+POLICIES = ["static", "continuous", "vllm"]
+PARAMS = {"workload.arrival.rate": [2.0, 16.0], "policies[continuous].max_batch_size": [4, 32]}
+SEEDS = [0, 5]
+
+
+@pytest.fixture(scope="module")
+def base() -> Scenario:
+    return scenario_from_dict(TINY)
+
+
+@pytest.fixture(scope="module")
+def serial(base: Scenario) -> pd.DataFrame:
+    return sweep(base, PARAMS, SEEDS, workers=1)
+
+
+def assert_identical(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+
+
+def test_sweep_equals_a_loop_of_runs(base: Scenario, serial: pd.DataFrame) -> None:
+    assert len(serial) == 2 * 2 * len(SEEDS) * len(POLICIES)
+    assert (serial["error"] == "").all() and (serial["completed"] == 120).all()
+    for (rate, batch, seed), rows in serial.groupby([*PARAMS, "seed"], sort=False):
+        scenario = base.replace(
+            **{
+                "workload.arrival.rate": rate,
+                "policies[continuous].max_batch_size": batch,
+                "seed": seed,
+            }
+        )
+        expected = run(scenario).summary
+        got = rows[list(expected.columns)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, expected, check_exact=True, check_dtype=False)
+
+
+def test_swept_values_reach_the_runs(serial: pd.DataFrame) -> None:
+    # Same stream at both batch sizes: only continuous batching's numbers may move.
+    by_batch = {
+        b: rows.set_index(["workload.arrival.rate", "seed", "policy"])
+        for b, rows in serial.groupby("policies[continuous].max_batch_size")
+    }
+    small, large = by_batch[4], by_batch[32]
+    others = small.index.get_level_values("policy") != "continuous"
+    assert small.loc[others, "e2e_mean_s"].tolist() == large.loc[others, "e2e_mean_s"].tolist()
+    assert (small.xs("continuous", level="policy")["mean_batch_size"] <= 4).all()
+    assert (large.xs("continuous", level="policy")["mean_batch_size"] > 4).any()
+    # Offered load is physical: requests cannot complete faster than they arrive (plus a tail).
+    assert (serial["throughput_rps"] <= serial["workload.arrival.rate"] * 1.5).all()
+
+
+def test_pool_of_two_is_identical_to_in_process(base: Scenario, serial: pd.DataFrame) -> None:
+    assert_identical(sweep(base, PARAMS, SEEDS, workers=2), serial)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')"
+)
+def test_ray_on_two_cpus_is_identical_to_in_process(base: Scenario, serial: pd.DataFrame) -> None:
+    assert_identical(sweep(base, PARAMS, SEEDS, workers=2, backend="ray"), serial)
+
+
+def test_backend_mistakes_are_user_errors() -> None:
+    with pytest.raises(UserError, match="did you mean 'ray'"):
+        open_backend("rey")
+    with pytest.raises(UserError, match="ray backend"):
+        open_backend("local", 2, address="auto")
+    with pytest.raises(UserError):
+        resolve_workers(-1)
+    assert (
+        resolve_workers(0) >= 1
+        and resolve_workers(None) == resolve_workers(0)
+        and resolve_workers(3) == 3
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_unreachable_ray_cluster_is_a_user_error(
+    base: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(UserError, match="cannot reach a Ray cluster"):
+        sweep(base, {"workload.requests": [20]}, backend="ray", address="auto")
