@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typing
 
+from pydantic import BaseModel
+
 from sim import config
 from sim.errors import UserError
 
@@ -63,7 +65,7 @@ def _union_lines(union: object) -> list[str]:
     return lines
 
 
-def _members(union: object) -> list[type]:
+def _members(union: object) -> list[type[BaseModel]]:
     annotated_args = typing.get_args(union)
     inner = annotated_args[0] if annotated_args else union
-    return list(typing.get_args(inner))
+    return [member for member in typing.get_args(inner) if issubclass(member, BaseModel)]

@@ -58,15 +58,21 @@ class ClosedLoopArrival(StrictModel):
 
     kind: Literal["closed_loop"] = "closed_loop"
     clients: int = Field(ge=1, description="Number of concurrent clients (the client-side semaphore).")
-    think_time_s: float = Field(0.0, ge=0, description="Mean think time between a response and the next request (exponential; 0 = none).")
+    think_time_s: float = Field(
+        0.0, ge=0, description="Mean think time between a response and the next request (exponential; 0 = none)."
+    )
 
 
 class TraceArrival(StrictModel):
     """Replay arrival times (and, unless given, lengths) from a CSV trace."""
 
     kind: Literal["trace"] = "trace"
-    path: str = Field(description="CSV path (relative to the scenario file) or a registered trace name, e.g. 'azure-conv-2023'.")
-    time_scale: float = Field(1.0, gt=0, description="Multiply trace inter-arrival times by this (0.5 = twice the load).")
+    path: str = Field(
+        description="CSV path (relative to the scenario file) or a registered trace name, e.g. 'azure-conv-2023'."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, description="Multiply trace inter-arrival times by this (0.5 = twice the load)."
+    )
     limit: int | None = Field(None, ge=1, description="Use at most this many trace rows (from the start).")
 
 
@@ -94,6 +100,7 @@ Arrival = Annotated[
     PoissonArrival | GammaArrival | ConstantArrival | BurstArrival | ClosedLoopArrival | TraceArrival | ScheduleArrival,
     Field(discriminator="kind"),
 ]
+
 
 # --------------------------------------------------------------------------- lengths
 class FixedLength(StrictModel):
@@ -219,7 +226,9 @@ class StaticPolicyConfig(_PolicyBase):
 
     kind: Literal["static"] = "static"
     max_wait_s: float = Field(0.0, ge=0, description="Wait up to this long for a batch to fill before starting it.")
-    pad_finished: bool = Field(True, description="Finished sequences keep costing compute (padding) until the batch ends.")
+    pad_finished: bool = Field(
+        True, description="Finished sequences keep costing compute (padding) until the batch ends."
+    )
 
 
 class ContinuousPolicyConfig(_PolicyBase):
@@ -260,7 +269,10 @@ class MemoryConfig(StrictModel):
         None, ge=0, description="GiB kept for activations (default: estimated from the model and token budget)."
     )
     kv_blocks: int | None = Field(
-        None, ge=1, description="Pin the KV capacity in blocks per GPU worker (as vLLM logs '# GPU blocks'); overrides the estimate."
+        None,
+        ge=1,
+        description="Pin the KV capacity in blocks per GPU worker (as vLLM logs '# GPU blocks'); "
+        "overrides the estimate.",
     )
 
 
@@ -273,7 +285,9 @@ class CostConfig(StrictModel):
 class ClientConfig(StrictModel):
     """Client behaviour under overload: give up after a timeout, retry rejected requests with backoff."""
 
-    timeout_s: float = Field(gt=0, description="A request unfinished this long after it was sent is abandoned (timed_out).")
+    timeout_s: float = Field(
+        gt=0, description="A request unfinished this long after it was sent is abandoned (timed_out)."
+    )
     max_retries: int = Field(0, ge=0, description="Re-sends after a rejection (HTTP 429).")
     backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles with every retry.")
 
@@ -303,14 +317,18 @@ class MetricsConfig(StrictModel):
 
     warmup_s: float = Field(0.0, ge=0, description="Exclude requests that arrived before this time from percentiles.")
     max_iteration_rows: int = Field(
-        200_000, ge=1, description="iterations.csv keeps every k-th iteration beyond this many rows (summaries use all)."
+        200_000,
+        ge=1,
+        description="iterations.csv keeps every k-th iteration beyond this many rows (summaries use all).",
     )
 
 
 class Scenario(StrictModel):
     """One experiment: hardware, workload and the policies compared on the same request stream."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Scenario name; results go to results/NAME/.")
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Scenario name; results go to results/NAME/."
+    )
     seed: int = Field(0, ge=0, description="Seed of every random stream; same seed, same requests for every policy.")
     model: str = Field("llama-2-7b", description="Model name (python -m sim list models).")
     gpu: str = Field("a100-80gb", description="GPU name (python -m sim list gpus).")
@@ -319,14 +337,14 @@ class Scenario(StrictModel):
     router: Literal["round_robin", "least_outstanding", "random"] = Field(
         "round_robin", description="How requests are spread over replicas."
     )
-    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="KV-cache budget.")
-    cost: CostConfig = Field(default_factory=CostConfig, description="Cost model options.")
+    memory: MemoryConfig = Field(default=MemoryConfig(), description="KV-cache budget.")
+    cost: CostConfig = Field(default=CostConfig(), description="Cost model options.")
     workload: Workload = Field(description="The request stream.")
     policies: list[PolicyConfig] = Field(min_length=1, description="Batching policies to compare.")
     client: ClientConfig | None = Field(None, description="Client timeouts and retries (default: patient clients).")
     admission: AdmissionConfig | None = Field(None, description="Queue limit (default: unbounded queue).")
     slo: SLOConfig | None = Field(None, description="Latency targets; adds SLO attainment and goodput columns.")
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Warm-up and record keeping.")
+    metrics: MetricsConfig = Field(default=MetricsConfig(), description="Warm-up and record keeping.")
     gpu_hour_usd: float | None = Field(None, gt=0, description="Price of one GPU-hour, for requests per dollar.")
 
     # Folder of the scenario file: relative data paths are resolved against it.

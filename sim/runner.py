@@ -97,8 +97,19 @@ class RunResult:
         return head + "\n" + summary_text(self.summary)
 
     def _repr_html_(self) -> str:
-        shown = ["policy", "completed", "throughput_rps", "output_tps", "ttft_p50_s", "ttft_p99_s",
-                 "tpot_p50_s", "e2e_mean_s", "e2e_p99_s", "gpu_busy_frac", "preemptions"]
+        shown = [
+            "policy",
+            "completed",
+            "throughput_rps",
+            "output_tps",
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "e2e_mean_s",
+            "e2e_p99_s",
+            "gpu_busy_frac",
+            "preemptions",
+        ]
         title = f"<b>{self.scenario.name}</b> — seed {self.seed}, {self.facts.get('model_hf_name')}, "
         title += f"cost model: {self.facts.get('cost_model')}"
         table = self.summary[[c for c in shown if c in self.summary]].to_html(index=False, float_format="%.4g")
@@ -116,9 +127,13 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     gpu = get_gpu(scenario.gpu)
     memory = scenario.memory
     kv = kv_budget(
-        model, gpu, scenario.tensor_parallel,
-        gpu_memory_utilization=memory.gpu_memory_utilization, block_size=memory.block_size,
-        activation_reserve_gb=memory.activation_reserve_gb, kv_blocks=memory.kv_blocks,
+        model,
+        gpu,
+        scenario.tensor_parallel,
+        gpu_memory_utilization=memory.gpu_memory_utilization,
+        block_size=memory.block_size,
+        activation_reserve_gb=memory.activation_reserve_gb,
+        kv_blocks=memory.kv_blocks,
     )
     cost_model = load_cost_model(
         scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
@@ -161,7 +176,9 @@ def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any
     known = [p.name for p in scenario.policies]
     for name in names:
         if name not in known:
-            raise UserError(f"--policy '{name}' is not in the scenario{did_you_mean(name, known)}; policies: {', '.join(known)}")
+            raise UserError(
+                f"--policy '{name}' is not in the scenario{did_you_mean(name, known)}; policies: {', '.join(known)}"
+            )
     return [p for p in scenario.policies if p.name in names]
 
 
@@ -170,10 +187,17 @@ def _simulate_policy(resolved: ResolvedScenario, policy: Any, factory: ProgressF
     callback = factory(policy.name, len(resolved.stream)) if factory else None
     try:
         return simulate(
-            resolved.stream, policy, resolved.cost_model,
-            kv_blocks=resolved.kv.num_blocks, block_size=resolved.kv.block_size,
-            replicas=scenario.replicas, router=scenario.router, client=scenario.client,
-            admission=scenario.admission, seed=scenario.seed, progress=callback,
+            resolved.stream,
+            policy,
+            resolved.cost_model,
+            kv_blocks=resolved.kv.num_blocks,
+            block_size=resolved.kv.block_size,
+            replicas=scenario.replicas,
+            router=scenario.router,
+            client=scenario.client,
+            admission=scenario.admission,
+            seed=scenario.seed,
+            progress=callback,
         )
     finally:
         close = getattr(callback, "close", None)
@@ -185,8 +209,14 @@ def _assemble(resolved: ResolvedScenario, per_policy: dict[str, Any], runtime_s:
     scenario = resolved.scenario
     rows = [
         summarize_run(
-            out.requests, out.iterations, scenario=scenario.name, policy=name, num_gpus=resolved.num_gpus,
-            warmup_s=scenario.metrics.warmup_s, slo=scenario.slo, gpu_hour_usd=scenario.gpu_hour_usd,
+            out.requests,
+            out.iterations,
+            scenario=scenario.name,
+            policy=name,
+            num_gpus=resolved.num_gpus,
+            warmup_s=scenario.metrics.warmup_s,
+            slo=scenario.slo,
+            gpu_hour_usd=scenario.gpu_hour_usd,
             replicas=scenario.replicas,
         )
         for name, out in per_policy.items()

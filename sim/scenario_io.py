@@ -155,7 +155,7 @@ def format_validation_error(exc: ValidationError, limit: int = 5) -> str:
     return head + "\n  ".join(lines)
 
 
-def _format_one(err: dict[str, Any]) -> str:
+def _format_one(err: Any) -> str:
     loc, model = _clean_location(tuple(err["loc"]))
     path = _join_loc(loc)
     kind = err["type"]

@@ -62,7 +62,7 @@ def _table(model: type[BaseModel], *, with_kind: bool) -> str:
 def _default(field: Any) -> str:
     if field.default is PydanticUndefined and field.default_factory is None:
         return "required"
-    if field.default_factory is not None:
+    if field.default_factory is not None or isinstance(field.default, BaseModel):
         return "defaults"
     return f"`{field.default}`" if field.default is not None else "none"
 

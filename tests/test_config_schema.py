@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from sim.config import Scenario
 from sim.errors import UserError
@@ -23,7 +24,10 @@ BASE = {
         "prompt_tokens": {"kind": "fixed", "value": 10},
         "output_tokens": {"kind": "uniform", "low": 5, "high": 9},
     },
-    "policies": [{"name": "s", "kind": "static", "max_batch_size": 4}, {"name": "c", "kind": "continuous", "max_batch_size": 4}],
+    "policies": [
+        {"name": "s", "kind": "static", "max_batch_size": 4},
+        {"name": "c", "kind": "continuous", "max_batch_size": 4},
+    ],
 }
 
 
@@ -110,7 +114,7 @@ def test_set_option_parsing() -> None:
 
 def test_config_is_frozen() -> None:
     s = scenario_from_dict(BASE)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         s.seed = 3  # type: ignore[misc]
 
 
