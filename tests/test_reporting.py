@@ -1,0 +1,47 @@
+"""`python -m sim report`: per-scenario folders, the speedup table, and skipping absent traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from sim.reporting import SPEEDUP_FOLDER, regenerate_results
+
+
+def _scenario(name: str, arrival: dict, lengths: bool = True) -> dict:
+    workload: dict = {"requests": 40, "arrival": arrival}
+    if lengths:
+        workload |= {"prompt_tokens": {"kind": "fixed", "value": 32},
+                     "output_tokens": {"kind": "uniform", "low": 2, "high": 60}}
+    return {
+        "name": name,
+        "workload": workload,
+        "policies": [{"name": "static", "kind": "static", "max_batch_size": 8},
+                     {"name": "continuous", "kind": "continuous", "max_batch_size": 8}],
+    }
+
+
+def test_report_writes_folders_speedup_and_skips_missing_trace(tmp_path: Path) -> None:
+    scenarios = tmp_path / "scenarios"
+    (scenarios / SPEEDUP_FOLDER).mkdir(parents=True)
+    (scenarios / "trace.yaml").write_text(yaml.safe_dump(
+        _scenario("replay", {"kind": "trace", "path": "no-such-trace.csv"}, lengths=False)))
+    for case in ("a", "b"):
+        (scenarios / SPEEDUP_FOLDER / f"{case}.yaml").write_text(yaml.safe_dump(_scenario(f"case_{case}", {"kind": "burst"})))
+    messages: list[str] = []
+
+    summaries = regenerate_results(scenarios, tmp_path / "results", plots=False, log=messages.append)
+
+    assert set(summaries) == {"case_a", "case_b"}
+    assert any(m.startswith("skipped trace.yaml") and "no-such-trace.csv" in m for m in messages)
+    assert not (tmp_path / "results" / "replay").exists()
+    table = pd.read_csv(tmp_path / "results" / "batching_speedup.csv")
+    assert list(table.scenario) == ["case_a", "case_b"]
+    for row in table.itertuples():
+        summary = summaries[row.scenario].set_index("policy")
+        expected = summary.loc["static", "e2e_mean_s"] / summary.loc["continuous", "e2e_mean_s"]
+        assert abs(row.speedup - expected) <= 1e-5 * expected
+    assert (tmp_path / "results" / "batching_speedup.md").read_text().count("case_") >= 2
+    assert not [p for p in (tmp_path / "results").iterdir() if p.name.startswith(".")]
