@@ -29,7 +29,8 @@ def test_report_writes_folders_speedup_and_skips_missing_trace(tmp_path: Path) -
     (scenarios / "trace.yaml").write_text(yaml.safe_dump(
         _scenario("replay", {"kind": "trace", "path": "no-such-trace.csv"}, lengths=False)))
     for case in ("a", "b"):
-        (scenarios / SPEEDUP_FOLDER / f"{case}.yaml").write_text(yaml.safe_dump(_scenario(f"case_{case}", {"kind": "burst"})))
+        burst = _scenario(f"case_{case}", {"kind": "burst"})
+        (scenarios / SPEEDUP_FOLDER / f"{case}.yaml").write_text(yaml.safe_dump(burst))
     messages: list[str] = []
 
     summaries = regenerate_results(scenarios, tmp_path / "results", plots=False, log=messages.append)
