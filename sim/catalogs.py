@@ -40,7 +40,7 @@ def _gpus() -> list[str]:
     from sim.hardware.catalog import GPUS
 
     return [f"{name:<12} {g.peak_bf16_tflops:7.0f} TFLOP/s bf16, {g.hbm_gb_per_s:6.0f} GB/s HBM, "
-            f"{g.memory_gb:5.0f} GB" for name, g in GPUS.items()]
+            f"{g.memory_gb:5.0f} GiB" for name, g in GPUS.items()]
 
 
 def _policies() -> list[str]:
