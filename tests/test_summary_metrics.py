@@ -15,7 +15,6 @@ from sim.metrics.summary import (
     EXTRA_COLUMNS,
     SUMMARY_COLUMNS,
     percentile,
-    rounded,
     summarize,
     summarize_run,
 )
@@ -255,13 +254,6 @@ def test_policy_column_in_inputs_is_ignored():
 def test_missing_column_is_reported():
     with pytest.raises(ValueError, match="ttft_s"):
         run(make_requests(3).drop(columns=["ttft_s"]))
-
-
-def test_rounded_keeps_integers_and_rounds_floats():
-    frame = pd.DataFrame({"n": [3], "x": [0.1 + 0.2], "y": [np.nan]})
-    out = rounded(frame)
-    assert out["n"].dtype == frame["n"].dtype and out["x"].iloc[0] == 0.3
-    assert math.isnan(out["y"].iloc[0])
 
 
 @settings(max_examples=40, deadline=None)

@@ -141,19 +141,6 @@ def summarize(
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS + EXTRA_COLUMNS))
 
 
-def rounded(summary: pd.DataFrame, significant_digits: int = 10) -> pd.DataFrame:
-    """A copy with float columns rounded to ``significant_digits`` significant digits.
-
-    Summation order can differ in the last bits between CPUs (SIMD widths), so files
-    compared byte-for-byte across machines should be written from rounded values.
-    """
-    out = summary.copy()
-    for column in out.columns:
-        if pd.api.types.is_float_dtype(out[column]):
-            out[column] = [_round_significant(v, significant_digits) for v in out[column]]
-    return out
-
-
 def percentile(values: np.ndarray | pd.Series, q: float) -> float:
     """Linear-interpolation percentile (numpy's default) of the non-NaN values; NaN if none."""
     finite = _finite(values)
@@ -308,9 +295,3 @@ def _clip_rounding(fraction: float) -> float:
     # Summed durations can exceed the elapsed span by float rounding only; a real excess
     # (overlapping iterations on one worker) is an engine bug and is left visible.
     return 1.0 if 1.0 < fraction <= 1.0 + 1e-9 else fraction
-
-
-def _round_significant(value: float, digits: int) -> float:
-    if not math.isfinite(value) or value == 0:
-        return value
-    return round(value, digits - 1 - math.floor(math.log10(abs(value))))
