@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.hardware import calibrate, fit_report
+from sim.hardware import calibrate
 from sim.hardware.profiles import ProfileSet
 
 DEFAULT_PROFILES = "../shared/profiles"
@@ -76,8 +76,18 @@ def run(args: argparse.Namespace) -> int:
         else calibrate.CALIBRATION_DIR
         / calibrate.calibration_filename(args.model, args.gpu, args.tp)
     )
+    _check_out_file(out)
     _calibrate_one(profiles, args.model, args.gpu, args.tp, out, args)
     return 0
+
+
+def _check_out_file(out: Path) -> None:
+    """Refuse an --out that is a folder or sits under a file, before fitting anything."""
+    if out.is_dir():
+        raise UserError(f"--out = '{out}': is a folder; give the calibration file's path (a .yaml file)", field="out")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"--out = '{out}': '{parent}' is a file, not a folder", field="out")
 
 
 def _calibrate_one(
@@ -86,6 +96,8 @@ def _calibrate_one(
     data = calibrate.calibrate(profiles, model, gpu, tp)
     print(f"wrote {calibrate.write_yaml(data, out)}")
     if args.report:
+        from sim.hardware import fit_report  # matplotlib: only when a report is asked for
+
         text, md, png = fit_report.calibration_report(profiles, model, tp, args.report_dir)
         print(text)
         print(f"saved {md} and {png}")
@@ -102,6 +114,8 @@ def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
         )
         _calibrate_one(profiles, model, calibrate.PROFILED_GPU, tp, out, args)
     if args.report:
+        from sim.hardware import fit_report
+
         text, md, png = fit_report.transfer_report(profiles, args.report_dir)
         print(text)
         print(f"saved {md} and {png}")

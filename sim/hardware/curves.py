@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import isotonic_regression
 
 Values = Sequence[float] | npt.NDArray[np.float64]
 
@@ -76,6 +75,8 @@ def running_max(values: Values) -> np.ndarray:
 
 def isotonic(values: Values) -> np.ndarray:
     """Least-squares non-decreasing fit (pool-adjacent-violators), for noisy curves."""
+    from scipy.optimize import isotonic_regression  # offline fitting only (scipy >= 1.12)
+
     return np.asarray(isotonic_regression(np.asarray(values, dtype=float)).x)
 
 

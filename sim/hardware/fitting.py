@@ -31,7 +31,6 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
 
 from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec, get_model
 from sim.hardware.curves import isotonic, log_spaced_indices, running_max
@@ -98,6 +97,8 @@ def _nnls_relative(features: np.ndarray, ms: np.ndarray) -> np.ndarray:
     """
     keep = ms > FIT_MIN_MS
     weights = 1.0 / ms[keep]
+    from scipy.optimize import nnls  # offline fitting only: a run never needs scipy
+
     coef, _ = nnls(features[keep] * weights[:, None], ms[keep] * weights)
     return coef
 
