@@ -96,7 +96,8 @@ def load_from_args(args: argparse.Namespace):  # noqa: ANN201 - returns sim.conf
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="simulate a scenario and write tables and plots")
     _scenario_args(p, optional_file=True)
-    p.add_argument("--out", default=None, help="output folder (default: results/<name>/)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: results/<name>/); replaced only if empty or written by batchsim")
     p.add_argument("--policy", action="append", default=None, metavar="NAME", help="run only this policy (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
@@ -104,13 +105,15 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Simulate, print the summary table, write the output folder."""
+    """Check the output folder, simulate, print the summary table, write the output folder."""
+    from sim.outputs import check_output_dir
     from sim.report.tables import summary_text
     from sim.runner import run
 
     scenario = load_from_args(args)
-    result = run(scenario, policies=args.policy, progress=not args.quiet)
     out_dir = Path(args.out) if args.out else Path("results") / scenario.name
+    check_output_dir(out_dir)  # before simulating: a bad --out must not cost a long run
+    result = run(scenario, policies=args.policy, progress=not args.quiet)
     result.save(out_dir, plots=not args.no_plots)
     if not args.quiet:
         facts = result.facts

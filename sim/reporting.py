@@ -2,7 +2,9 @@
 
 Each scenario's outputs go to ``results/<name>/``; the scenarios under
 ``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}``. A scenario
-whose trace is not on this machine is skipped with a message, not an error.
+whose trace is not on this machine is skipped with a message, not an error. Every
+scenario is loaded and its folder checked (:func:`sim.outputs.check_output_dir`) before
+the first simulation, so a folder that must not be replaced fails the report at once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import MissingDataError
-from sim.outputs import CSV_FLOAT_FORMAT, atomic_folder
+from sim.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
 from sim.scenario_io import load_scenario
 
 SPEEDUP_FOLDER = "seed_table"
@@ -33,9 +35,12 @@ def regenerate_results(
 
     summaries: dict[str, pd.DataFrame] = {}
     seed_table: dict[str, pd.DataFrame] = {}
-    for path in shipped_scenarios(scenarios_dir):
+    scenarios = [(path, load_scenario(path)) for path in shipped_scenarios(scenarios_dir)]
+    for _, scenario in scenarios:
+        check_output_dir(out_dir / scenario.name)
+    for path, scenario in scenarios:
         try:
-            result = run(load_scenario(path), progress=progress)
+            result = run(scenario, progress=progress)
         except MissingDataError as exc:
             log(f"skipped {path.name}: {exc}")
             continue
@@ -56,14 +61,11 @@ def write_speedup(summaries: dict[str, pd.DataFrame], out_dir: Path, *, plots: b
     from sim.report.speedup import speedup_markdown, speedup_table
 
     table = speedup_table(summaries)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_folder(out_dir / ".speedup") as tmp:
-        table.to_csv(tmp / "batching_speedup.csv", index=False, float_format=CSV_FLOAT_FORMAT)
-        (tmp / "batching_speedup.md").write_text(speedup_markdown(table))
-        if plots:
-            figures.save_figure(figures.speedup_bars(table), tmp / "batching_speedup.png")
-    staged = out_dir / ".speedup"
-    for item in staged.iterdir():
-        item.replace(out_dir / item.name)
-    staged.rmdir()
+    with atomic_file(out_dir / "batching_speedup.csv") as tmp:
+        table.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
+    with atomic_file(out_dir / "batching_speedup.md") as tmp:
+        tmp.write_text(speedup_markdown(table))
+    if plots:
+        with atomic_file(out_dir / "batching_speedup.png") as tmp:
+            figures.save_figure(figures.speedup_bars(table), tmp)
     return table

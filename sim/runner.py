@@ -152,8 +152,10 @@ def run(
     Args:
         scenario: a Scenario, or a path to a scenario YAML file.
         policies: names of the policies to run (default: all, in scenario order).
-        progress: True for a progress bar on stderr (shown when a run lasts over ~2 s),
-            or a factory ``(policy_name, total_requests) -> callback`` for custom reporting.
+        progress: True for a progress bar on stderr (only on a terminal, once a run lasts ~2 s),
+            or a factory ``(policy_name, total_requests) -> callback`` for custom reporting;
+            a factory that accepts the keywords ``index`` and ``count`` also gets the policy's
+            1-based position among the ``count`` policies of the run.
 
     Returns:
         RunResult with summary, per-request and per-iteration tables.
@@ -164,7 +166,10 @@ def run(
     resolved = resolve(scenario)
     factory = _progress_factory(progress)
     started = time.perf_counter()
-    per_policy = {p.name: _simulate_policy(resolved, p, factory) for p in selected}
+    per_policy = {
+        p.name: _simulate_policy(resolved, p, factory, index=k, count=len(selected))
+        for k, p in enumerate(selected, start=1)
+    }
     runtime_s = time.perf_counter() - started
     return _assemble(resolved, per_policy, runtime_s)
 
@@ -182,9 +187,11 @@ def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any
     return [p for p in scenario.policies if p.name in names]
 
 
-def _simulate_policy(resolved: ResolvedScenario, policy: Any, factory: ProgressFactory | None) -> Any:
+def _simulate_policy(
+    resolved: ResolvedScenario, policy: Any, factory: Callable[..., Any] | None, *, index: int, count: int
+) -> Any:
     scenario = resolved.scenario
-    callback = factory(policy.name, len(resolved.stream)) if factory else None
+    callback = factory(policy.name, len(resolved.stream), index=index, count=count) if factory else None
     try:
         return simulate(
             resolved.stream,
@@ -232,11 +239,18 @@ def _stack(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _progress_factory(progress: bool | ProgressFactory) -> ProgressFactory | None:
+def _progress_factory(progress: bool | ProgressFactory) -> Callable[..., Any] | None:
+    """A factory called as ``(name, total, index=k, count=n)``, adapting two-argument ones."""
     if progress is False or progress is None:
         return None
-    if callable(progress):
-        return progress
-    from sim.progress import tqdm_progress
+    if not callable(progress):
+        from sim.progress import RunProgress
 
-    return tqdm_progress
+        return RunProgress()  # a fresh clock per run, for the run-wide ETA
+    import inspect
+
+    try:
+        inspect.signature(progress).bind("policy", 0, index=1, count=1)
+    except (TypeError, ValueError):  # takes only (policy_name, total_requests), or has no signature to read
+        return lambda name, total, index, count: progress(name, total)
+    return progress
