@@ -4,6 +4,9 @@ and equal to a loop of :func:`sim.runner.run` calls (the API and the sweep share
 from __future__ import annotations
 
 import importlib.util
+import socket
+import time
+from contextlib import ExitStack
 
 import pandas as pd
 import pytest
@@ -115,3 +118,62 @@ def test_unreachable_ray_cluster_is_a_user_error(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(UserError, match="cannot reach a Ray cluster"):
         sweep(base, {"workload.requests": [20]}, backend="ray", address="auto")
+
+
+# --------------------------------------------------------------------------- ray address checks (no Ray needed)
+@pytest.mark.parametrize(
+    ("address", "endpoint"),
+    [
+        ("10.0.0.5:6379", ("10.0.0.5", 6379)),
+        ("head.example:6380", ("head.example", 6380)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("ray://head.example", ("head.example", 10001)),
+        ("ray://head.example:10002", ("head.example", 10002)),
+    ],
+)
+def test_ray_addresses_name_a_host_and_port(address: str, endpoint: tuple[str, int]) -> None:
+    from sim.sweeps.ray_backend import _endpoint
+
+    assert _endpoint(address) == endpoint
+
+
+@pytest.mark.parametrize("address", ["head.example", "10.0.0.5:port", "10.0.0.5:99999", ":6379"])
+def test_malformed_ray_addresses_are_user_errors(address: str) -> None:
+    from sim.sweeps.ray_backend import check_reachable
+
+    with pytest.raises(UserError, match="expected HOST:PORT"):
+        check_reachable(address)
+
+
+def test_a_refused_ray_address_fails_at_once() -> None:
+    from sim.sweeps.ray_backend import check_reachable
+
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"'127\.0\.0\.1:1': cannot reach a Ray cluster \(connection refused\)"):
+        check_reachable("127.0.0.1:1", timeout_s=30)
+    assert time.monotonic() - started < 5
+
+
+def test_a_silent_ray_address_fails_after_the_timeout() -> None:
+    from sim.sweeps.ray_backend import check_reachable
+
+    # A listener whose accept queue is full drops new connection attempts: they hang.
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as listener, ExitStack() as held:
+        if not _fill_accept_queue(listener, held):
+            pytest.skip("this system accepts every connection: no way to make one hang")
+        started = time.monotonic()
+        with pytest.raises(UserError, match=r"no answer within 0\.5 s"):
+            check_reachable(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5)
+        assert 0.4 < time.monotonic() - started < 3
+
+
+def _fill_accept_queue(listener: socket.socket, held: ExitStack) -> bool:
+    """Connect until a connection attempt times out; False if none ever does."""
+    for _ in range(8):
+        probe = held.enter_context(socket.socket())
+        probe.settimeout(0.3)
+        try:
+            probe.connect(listener.getsockname())
+        except TimeoutError:
+            return True
+    return False

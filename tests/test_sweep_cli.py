@@ -266,3 +266,56 @@ def test_missing_ray_is_a_clear_user_error(scenario_file: Path, tmp_path: Path) 
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 2 and 'pip install ".[ray]"' in done.stderr
+
+
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_out_that_cannot_be_a_folder_exits_2_before_anything_runs(
+    scenario_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    where: str,
+) -> None:
+    import sim.runner
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a simulation ran although --out is unusable")
+
+    monkeypatch.setattr(sim.runner, "run", must_not_run)
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me\n")
+    before = existing.stat()
+    out = existing if where == "file" else existing / "sub"
+    extra = ["--param", "workload.requests=20,40"] if command == "sweep" else ["--slo", "ttft_p99_s=1"]
+    code = main([command, str(scenario_file), *extra, "--workers", "1", "--out", str(out)])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: ") and f"'{out}'" in error
+    assert existing.read_text() == "keep me\n" and existing.stat().st_mtime_ns == before.st_mtime_ns
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "tiny.yaml"]  # nothing new
+
+
+def test_sigterm_in_process_exits_143_and_keeps_the_file(
+    scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sim.runner
+
+    real_run = sim.runner.run
+    calls: list[int] = []
+
+    def terminated_on_third_point(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in the main thread
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sim.runner, "run", terminated_on_third_point)
+    previous = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "o"
+    argv = ["sweep", str(scenario_file), "--param", "workload.requests=20,21,22,23", "--workers", "1"]
+    assert main([*argv, "--out", str(out), "--quiet", "--no-plots"]) == 143
+    assert signal.getsignal(signal.SIGTERM) is previous  # the CLI puts the handler back
+    assert "terminated:" in capsys.readouterr().err
+    assert pd.read_csv(out / "sweep.csv")["workload.requests"].tolist() == [20, 20, 21, 21]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,7 @@ from sim.rng import RandomStreams
 from sim.scenario_io import scenario_from_dict
 from sim.sweeps.backends import WorkerDied
 from sim.sweeps.runner import run_sweep
-from sim.sweeps.store import CSV_NAME
+from sim.sweeps.store import CSV_NAME, check_folder, order_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,6 +91,13 @@ def interrupted_point(scenario: Scenario, policies: list[str] | None = None) -> 
     return fake_point(scenario, policies)
 
 
+def slow_first_point(scenario: Scenario, policies: list[str] | None = None) -> pd.DataFrame:
+    """Point 0 seed 0 finishes after the others, so completion order differs from grid order."""
+    if scenario.workload.arrival.rate == 1.0 and scenario.policies[1].max_batch_size == 8 and scenario.seed == 0:
+        time.sleep(0.5)
+    return fake_point(scenario, policies)
+
+
 def failing_point(scenario: Scenario, policies: list[str] | None = None) -> pd.DataFrame:
     """Rate 8 fails the way a too-large model would."""
     if scenario.workload.arrival.rate == 8.0:
@@ -103,10 +111,14 @@ def base() -> Scenario:
 
 
 @pytest.fixture(scope="module")
-def reference(base: Scenario, tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("reference")
+
+
+@pytest.fixture(scope="module")
+def reference(base: Scenario, reference_dir: Path) -> pd.DataFrame:
     """An uninterrupted sweep, written to disk."""
-    out = tmp_path_factory.mktemp("reference")
-    return run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=out)
+    return run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=reference_dir)
 
 
 def assert_identical(got: pd.DataFrame, expected: pd.DataFrame) -> None:
@@ -150,13 +162,45 @@ def test_in_memory_sweep_equals_the_file_and_a_loop_of_calls(
     assert row["ttft_p99_s"].tolist() == direct["ttft_p99_s"].tolist()  # exact floats
 
 
-def test_pool_of_two_gives_identical_results(
-    base: Scenario, reference: pd.DataFrame, tmp_path: Path
+def test_pool_of_two_gives_identical_results_and_file(
+    base: Scenario, reference: pd.DataFrame, reference_dir: Path, tmp_path: Path
 ) -> None:
-    pooled = run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, workers=2, out=tmp_path)
+    pooled = run_sweep(base, PARAMS, SEEDS, point_fn=slow_first_point, workers=2, out=tmp_path)
     assert_identical(pooled, reference)
-    on_disk = pd.read_csv(tmp_path / CSV_NAME).sort_values(["point", "seed"], kind="stable")
-    assert on_disk["ttft_p99_s"].tolist() == reference["ttft_p99_s"].tolist()
+    # rows came back in completion order (point 0 last); the finished file is in grid order
+    assert (tmp_path / CSV_NAME).read_bytes() == (reference_dir / CSV_NAME).read_bytes()
+
+
+def test_a_resumed_file_is_in_grid_order_too(
+    base: Scenario, reference_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(base, PARAMS, SEEDS, point_fn=interrupted_point, out=tmp_path)
+    text = (tmp_path / CSV_NAME).read_text()
+    header, *lines = text.splitlines(keepends=True)
+    points = ["".join(lines[i : i + 2]) for i in range(0, len(lines), 2)]  # two policies a point
+    (tmp_path / CSV_NAME).write_text(header + "".join(reversed(points)))  # whole points, out of order
+    run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path, resume=True)
+    assert (tmp_path / CSV_NAME).read_bytes() == (reference_dir / CSV_NAME).read_bytes()
+
+
+def test_order_rows_sorts_by_point_then_seed_and_keeps_policy_order() -> None:
+    columns = ["x", "seed", "point", "policy", "error"]
+    texts = ["1,7,1,static,\n1,7,1,cont,\n", "0,9,0,static,\n", "0,9,0,cont,\n", "0,2,0,static,\n0,2,0,cont,\n"]
+    assert order_rows(columns, texts) == [
+        "0,2,0,static,\n", "0,2,0,cont,\n", "0,9,0,static,\n", "0,9,0,cont,\n",
+        "1,7,1,static,\n", "1,7,1,cont,\n",
+    ]  # fmt: skip
+
+
+def test_check_folder_accepts_folders_and_refuses_files(tmp_path: Path) -> None:
+    check_folder(tmp_path)  # exists
+    check_folder(tmp_path / "new" / "nested")  # can be created
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    for bad, says in [("file", "not a folder"), ("file/sub/deeper", "is a file"), ("dangling", "not a folder")]:
+        with pytest.raises(UserError, match=says):
+            check_folder(tmp_path / bad)
 
 
 def test_killed_process_leaves_whole_rows_and_resume_completes(

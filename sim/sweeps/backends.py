@@ -8,21 +8,24 @@ of one) and so must the items; tasks are plain data (:mod:`sim.sweeps.tasks`).
 * ``local``: a process pool of ``workers`` processes (``None``/0: every core); with one
   worker the tasks run in this process, with no pool at all.
 * ``ray``: a local Ray with ``workers`` CPUs, or an existing cluster at ``address``
-  (``"auto"`` joins the one this machine belongs to). Ray is imported only here.
+  (``"auto"`` joins the one this machine belongs to); in :mod:`sim.sweeps.ray_backend`,
+  the only module that imports Ray.
+
+Pool workers never outlive the process that started them, even one killed with
+SIGKILL (:func:`exit_with_parent`).
 """
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -44,6 +47,10 @@ class Backend(Protocol):
 
     def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         """Yield ``fn(item)`` for every item, in completion order."""
+        ...
+
+    def close(self) -> None:
+        """Release processes or connections (idempotent); ``__exit__`` calls it too."""
         ...
 
     def __enter__(self) -> Backend: ...
@@ -76,6 +83,8 @@ def open_backend(name: str, workers: int | None = 1, address: str | None = None)
         )
     count = resolve_workers(workers)
     if name == "ray":
+        from sim.sweeps.ray_backend import RayBackend
+
         return RayBackend(count, address)
     if address is not None:
         raise UserError(
@@ -86,10 +95,60 @@ def open_backend(name: str, workers: int | None = 1, address: str | None = None)
 
 
 # --------------------------------------------------------------------------- local
-def _ignore_sigint() -> None:
+def _init_worker(owner_pid: int) -> None:
+    """Pool worker initializer: signals as a worker needs them, and die with the parent."""
     # Ctrl-C reaches the whole process group; only the parent should handle it, and it
     # stops the workers itself, so they do not each print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the CLI's SIGTERM handler (which raises in the parent);
+    # the parent's terminate() must simply end a worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    exit_with_parent(owner_pid)
+
+
+def exit_with_parent(owner_pid: int) -> None:
+    """End this process as soon as its parent, ``owner_pid``, dies, however it died.
+
+    A pool worker whose parent was killed by SIGKILL (or the OOM killer) would otherwise
+    be reparented to pid 1 and wait on its task queue forever. On Linux the kernel
+    delivers SIGKILL on parent death (``prctl(PR_SET_PDEATHSIG)``): immediate, and it acts
+    even while a long simulation holds the GIL. Elsewhere a daemon thread polls
+    ``os.getppid()`` every ``_WATCH_INTERVAL_S``. Both need the owner to be the parent,
+    hence no ``forkserver`` (:func:`_pool_context`). The kernel signal fires when the
+    parent *thread* that started the worker exits; that is the thread running the sweep,
+    which outlives its pool.
+    """
+    if os.getppid() != owner_pid:
+        os._exit(1)  # the owner died before we got here: we were already reparented
+    if not _set_parent_death_signal():
+        threading.Thread(target=_watch_parent, args=(owner_pid,), daemon=True).start()
+    elif os.getppid() != owner_pid:
+        os._exit(1)  # it died between the check and prctl(): no signal will come
+
+
+_WATCH_INTERVAL_S = 0.5
+"""How often a worker without ``PR_SET_PDEATHSIG`` checks that its parent is alive."""
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _set_parent_death_signal() -> bool:
+    """Ask Linux to SIGKILL this process when its parent exits; False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # no libc symbol (musl variants, sandboxes)
+        return False
+
+
+def _watch_parent(owner_pid: int) -> None:
+    while os.getppid() == owner_pid:
+        time.sleep(_WATCH_INTERVAL_S)
+    os._exit(1)
 
 
 def _preload() -> None:
@@ -98,17 +157,19 @@ def _preload() -> None:
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
-    """fork where it is safe (Linux, no other thread yet), else forkserver or spawn.
+    """fork where it is safe (Linux, no other thread yet), else spawn.
 
     A forked worker starts with the engine already imported, which matters when one
     simulation takes well under a second; a fresh interpreter needs ~1 s to import it.
     Forking a process that already runs threads (a tqdm monitor, a notebook kernel,
     Ray) can deadlock the child, so then workers start from a clean interpreter.
+    Not ``forkserver``: its workers are the fork server's children, and the fork server
+    outlives a killed owner as long as any worker holds its liveness pipe (each does),
+    so no worker could tell that the sweep is gone (see :func:`exit_with_parent`).
     """
-    methods = multiprocessing.get_all_start_methods()
-    if sys.platform.startswith("linux") and "fork" in methods and threading.active_count() == 1:
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    return multiprocessing.get_context("spawn")
 
 
 class LocalBackend:
@@ -124,7 +185,11 @@ class LocalBackend:
 
     def __enter__(self) -> LocalBackend:
         if self.workers > 1:
-            self._ensure_pool()  # start workers now, before a progress bar adds a thread
+            try:
+                self._ensure_pool()  # start workers now, before a progress bar adds a thread
+            except BaseException:  # Ctrl-C / SIGTERM while starting: __exit__ will not run
+                self.close(terminate=True)
+                raise
         return self
 
     def __exit__(
@@ -164,7 +229,7 @@ class LocalBackend:
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=_pool_context(), initializer=_ignore_sigint
+                self.workers, mp_context=_pool_context(), initializer=_init_worker, initargs=(os.getpid(),)
             )
             for _ in range(self.workers):
                 self._pool.submit(_preload)
@@ -181,93 +246,3 @@ class LocalBackend:
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-# --------------------------------------------------------------------------- ray
-def _apply(fn: Callable[[T], R], item: T) -> R:
-    return fn(item)
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise UserError(
-            'the ray backend needs Ray: pip install ".[ray]" (or pip install "ray>=2.9")',
-            field="backend",
-        ) from None
-    return ray
-
-
-class RayBackend:
-    """Tasks as Ray remote functions, on a local Ray or an existing cluster.
-
-    The ``sim`` package is shipped to the workers (Ray ``py_modules``), so every node
-    runs exactly this code and a cluster needs no batchsim install. A Ray already
-    initialized in this process (a notebook) is used as it is and left running.
-
-    Args:
-        workers: CPUs of the local Ray started when ``address`` is None.
-        address: cluster address (``"auto"``, ``"ray://host:10001"``, ...), or None.
-    """
-
-    def __init__(self, workers: int, address: str | None = None) -> None:
-        self.workers = workers
-        self.address = address
-        self._ray = _import_ray()
-        self._started = False
-        self._remote: Any = None
-
-    def __enter__(self) -> RayBackend:
-        return self  # Ray starts on the first tasks: a fully resumed sweep never pays for it
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._started:
-            self._ray.shutdown()
-            self._started = False
-
-    def _start(self) -> None:
-        ray = self._ray
-        if not ray.is_initialized():
-            runtime_env = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
-            quiet: dict[str, Any] = {
-                "log_to_driver": False,
-                "logging_level": logging.ERROR,
-                "runtime_env": runtime_env,
-            }
-            if self.address is not None:
-                self._join(quiet)
-            else:
-                ray.init(num_cpus=self.workers, include_dashboard=False, **quiet)
-            self._started = True
-        # Ray retries a task whose worker died; the result is the same, so that is safe.
-        self._remote = ray.remote(num_cpus=1, max_retries=2)(_apply)
-
-    def _join(self, options: dict[str, Any]) -> None:
-        try:
-            self._ray.init(address=self.address, **options)
-        except ConnectionError as exc:
-            raise UserError(
-                f"cannot reach a Ray cluster at address '{self.address}': {exc}; start one with "
-                "`ray start --head`, or drop --address to run a local Ray",
-                field="address",
-            ) from None
-
-    def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        """Submit every item, then yield results with ``ray.wait`` as they finish."""
-        if self._remote is None:
-            self._start()
-        ray = self._ray
-        pending = [self._remote.remote(fn, item) for item in items]
-        try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                yield ray.get(done[0])
-        except ray.exceptions.WorkerCrashedError:
-            raise WorkerDied(
-                "a Ray worker died mid-task (killed or out of memory) and its retries failed; "
-                "results that finished are kept — rerun with --resume to complete the rest"
-            ) from None
-        finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)

@@ -1,19 +1,80 @@
 """``python -m sim sweep`` and ``python -m sim capacity``: thin wrappers over :mod:`sim.sweeps`.
 
-Both parse their options, validate everything (every sweep point's scenario too)
-before running anything, call :func:`sim.sweeps.sweep` / :func:`sim.sweeps.capacity`,
-then print and write. User mistakes are :class:`UserError` (exit 2).
+Both parse their options, validate everything (every sweep point's scenario too, and
+the output folder) before running anything, call :func:`sim.sweeps.sweep` /
+:func:`sim.sweeps.capacity`, then print and write. User mistakes are :class:`UserError`
+(exit 2). SIGTERM stops them as Ctrl-C does, cleanly (exit 143 instead of 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sim.errors import UserError
 from sim.sweeps.backends import BACKENDS
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so it unwinds exactly like Ctrl-C.
+
+    A KeyboardInterrupt subclass: every ``except KeyboardInterrupt`` / ``finally`` on the
+    way (pool termination, closing ``sweep.csv``) already does the right thing for it.
+    """
+
+
+@dataclass
+class StopSignal:
+    """What :func:`sigterm_as_interrupt` saw: whether SIGTERM arrived."""
+
+    terminated: bool = False
+
+    def exit_code(self, stop: KeyboardInterrupt) -> int:
+        """143 after SIGTERM, 130 after Ctrl-C.
+
+        Ray turns any exception raised by a signal handler during ``ray.wait`` into a
+        plain KeyboardInterrupt, hence the flag next to the exception type.
+        """
+        return EXIT_TERMINATED if self.was_terminated(stop) else EXIT_INTERRUPTED
+
+    def was_terminated(self, stop: KeyboardInterrupt) -> bool:
+        """SIGTERM, not Ctrl-C, stopped the command."""
+        return self.terminated or isinstance(stop, Terminated)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[StopSignal]:
+    """While inside, SIGTERM raises :class:`Terminated`; the previous handler comes back after.
+
+    Python's default for SIGTERM is to die at once: no ``finally`` runs, so a pool's
+    workers were orphaned. Only the first SIGTERM raises; later ones are ignored so they
+    cannot cut the shutdown short (SIGKILL still can, and workers die with us then too).
+    """
+    seen = StopSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # signal handlers can only be set from the main thread
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        seen.terminated = True
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -105,24 +166,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     params = parse_param_options(args.param)
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-sweep"
     try:
-        table = sweep(
-            scenario,
-            params,
-            seeds,
-            workers=args.workers,
-            backend=args.backend,
-            address=args.address,
-            out=out,
-            resume=args.resume,
-            progress=not args.quiet,
-        )
-    except KeyboardInterrupt:
+        with sigterm_as_interrupt() as seen:
+            table = sweep(
+                scenario,
+                params,
+                seeds,
+                workers=args.workers,
+                backend=args.backend,
+                address=args.address,
+                out=out,
+                resume=args.resume,
+                progress=not args.quiet,
+            )
+    except KeyboardInterrupt as stop:
+        how = "terminated" if seen.was_terminated(stop) else "interrupted"
         print(
-            f"interrupted: finished points are saved in {out / 'sweep.csv'}; "
+            f"{how}: finished points are saved in {out / 'sweep.csv'}; "
             f"run the same command with --resume to complete the rest",
             file=sys.stderr,
         )
-        return 130
+        return seen.exit_code(stop)
     (out / "sweep.md").write_text(sweep_markdown(table, list(params), f"{scenario.name} sweep"))
     plots = [] if args.no_plots else write_sweep_plots(table, list(params), out)
     failed = failures(table, list(params))
@@ -189,22 +252,29 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.outputs import CSV_FLOAT_FORMAT, atomic_folder
     from sim.sweeps.capacity import capacity
     from sim.sweeps.outputs import capacity_markdown, capacity_table
+    from sim.sweeps.store import check_folder
 
     scenario, seeds = _load(args)
-    report = capacity(
-        scenario,
-        parse_slo_options(args.slo),
-        attainment=args.attainment,
-        rate_low=args.rate_low,
-        rate_high=args.rate_high,
-        tolerance=args.tolerance,
-        seeds=seeds,
-        workers=args.workers,
-        backend=args.backend,
-        address=args.address,
-        progress=not args.quiet,
-    )
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
+    check_folder(out)  # a search can take minutes: say so before it starts, not after
+    try:
+        with sigterm_as_interrupt() as seen:
+            report = capacity(
+                scenario,
+                parse_slo_options(args.slo),
+                attainment=args.attainment,
+                rate_low=args.rate_low,
+                rate_high=args.rate_high,
+                tolerance=args.tolerance,
+                seeds=seeds,
+                workers=args.workers,
+                backend=args.backend,
+                address=args.address,
+                progress=not args.quiet,
+            )
+    except KeyboardInterrupt as stop:
+        print("terminated" if seen.was_terminated(stop) else "interrupted", file=sys.stderr)
+        return seen.exit_code(stop)
     with atomic_folder(out) as tmp:
         report.to_csv(tmp / "capacity.csv", index=False, float_format=CSV_FLOAT_FORMAT)
         (tmp / "capacity.md").write_text(capacity_markdown(report, scenario.name))

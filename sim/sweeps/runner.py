@@ -2,16 +2,17 @@
 
 Every (point, seed) is one task that runs all policies on one request stream (common
 random numbers, as :func:`sim.runner.run` does). Results stream back in completion
-order; each point's rows are appended to ``sweep.csv`` as it arrives, and the final
-table is parsed from exactly the text that was written, so an in-memory sweep, a
-resumed one and the file on disk all hold the same numbers to the last digit.
+order; each point's rows are appended to ``sweep.csv`` as it arrives. When all are in,
+the rows are put in grid order, the file is rewritten so, and the final table is parsed
+from exactly that text: an in-memory sweep, a resumed one and the file on disk all hold
+the same numbers to the last digit, in the same order.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -32,7 +33,7 @@ from sim.sweeps.grid import (
     normalize_seeds,
     validate_points,
 )
-from sim.sweeps.store import SweepFile, parse_rows, rows_text
+from sim.sweeps.store import SweepFile, check_folder, order_rows, parse_rows, rows_text
 from sim.sweeps.tasks import PointFn, Task, TaskResult, execute, scenario_dict, summary_point
 
 
@@ -71,8 +72,10 @@ def sweep(
         NaN metrics). Sorted by point, seed, then the scenario's policy order.
 
     Raises:
-        UserError: a bad parameter, seed or backend, or a point whose scenario is invalid
-            (checked for every point before anything runs).
+        UserError: a bad parameter, seed or backend, a point whose scenario is invalid
+            (checked for every point before anything runs), an ``out`` that cannot be a
+            folder, or a Ray ``address`` that does not answer in time (both checked before
+            anything is written).
     """
     return run_sweep(
         scenario,
@@ -106,8 +109,11 @@ def run_sweep(
             "resume needs the output folder of the interrupted sweep (out= / --out)", field="resume"
         )
     plan = SweepPlan.build(scenario, params, seeds)
-    engine = open_backend(backend, workers, address)  # fails fast when Ray is missing
-    with _open_store(plan, out) as store:
+    if out is not None:
+        check_folder(Path(out))  # before anything runs or is written
+    # Fails fast when Ray is missing or its --address does not answer, still before writing.
+    engine = open_backend(backend, workers, address)
+    with closing(engine), _open_store(plan, out) as store:  # closing: a joined Ray, whatever fails
         texts = store.start(resume, plan.expected_rows) if store else []
         todo = plan.tasks(skip=plan.keys_in(texts))
         done = len(plan.keys) - len(todo)
@@ -120,7 +126,10 @@ def run_sweep(
                 texts.append(text)
                 bar.update(1)
                 _report_failure(plan, result, bar, progress)
-    return plan.table(texts)
+        rows = order_rows(plan.columns, texts)
+        if store:
+            store.finish(rows)  # completion order -> grid order: identical sweeps, identical files
+    return plan.table(rows)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ Floats are written in Python's shortest round-trip form and read back with
 ``resume`` refuses a folder written by a different sweep instead of mixing results.
 On resume, the trailing partial line, points with missing rows and failed points are
 dropped (the file is rewritten atomically) and those points run again.
+
+Rows arrive in completion order, which differs between runs. When a sweep finishes,
+the file is rewritten (atomically, so a kill at that moment leaves the incremental
+file, which still resumes) in grid order: point, seed, then the scenario's policy
+order. Two runs of one sweep thus write byte-identical files.
 """
 
 from __future__ import annotations
@@ -58,6 +63,39 @@ def parse_rows(columns: Sequence[str], texts: Sequence[str]) -> pd.DataFrame:
     )
 
 
+def check_folder(folder: Path) -> None:
+    """Raise :class:`UserError` unless ``folder`` is, or can be created as, a writable folder.
+
+    Writes nothing, so a mistaken ``--out`` is reported before any simulation runs.
+    """
+    folder = Path(folder)
+    existing = folder  # the folder itself, or the nearest part of its path that exists
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if existing == folder and not folder.is_dir():
+        raise UserError(f"out = '{folder}': exists and is not a folder; give a folder (--out DIR)")
+    if not existing.is_dir():
+        raise UserError(f"out = '{folder}': cannot create it, '{existing}' is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"out = '{folder}': cannot create or write it, '{existing}' is not writable")
+
+
+def order_rows(columns: Sequence[str], texts: Sequence[str]) -> list[str]:
+    """Row lines of ``texts`` in grid order: by point, then seed; a point's rows keep their order.
+
+    ``texts`` may mix one-line rows (kept on resume) and whole points of several lines;
+    a point's lines are always written together, in the scenario's policy order.
+    """
+    at_point, at_seed = columns.index("point"), columns.index("seed")
+    lines = [line for text in texts for line in text.splitlines(keepends=True)]
+
+    def key(line: str) -> tuple[int, int]:
+        fields = next(csv.reader([line]))
+        return int(fields[at_point]), int(fields[at_seed])
+
+    return sorted(lines, key=key)  # stable: policy order within a point survives
+
+
 class SweepFile:
     """Appends whole points to ``folder/sweep.csv``.
 
@@ -83,18 +121,22 @@ class SweepFile:
             expected_rows: rows of a complete point (its policy count); 0 for keys not in it.
 
         Raises:
-            UserError: resuming a folder written by a different sweep.
+            UserError: resuming a folder written by a different sweep, or a folder that
+                cannot be written (read-only file system, permissions).
         """
-        self.folder.mkdir(parents=True, exist_ok=True)
         kept: list[str] = []
         if resume and self.path.exists():
             self._check_manifest()
             kept = self._recover(expected_rows)
-        _write_atomic(
-            self.folder / MANIFEST_NAME, json.dumps(self.manifest, indent=1, sort_keys=True) + "\n"
-        )
-        _write_atomic(self.path, header_line(self.columns) + "".join(kept))
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _write_atomic(
+                self.folder / MANIFEST_NAME, json.dumps(self.manifest, indent=1, sort_keys=True) + "\n"
+            )
+            _write_atomic(self.path, header_line(self.columns) + "".join(kept))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:  # read-only file system, permissions: the user's to fix
+            raise UserError(f"out = '{self.folder}': cannot write: {exc.strerror or exc}") from None
         return kept
 
     def append(self, text: str) -> None:
@@ -106,6 +148,11 @@ class SweepFile:
         if written != len(data):  # only on a full disk; the next resume drops the partial line
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         os.fsync(self._fd)
+
+    def finish(self, rows: Sequence[str]) -> None:
+        """Replace the incremental file with ``rows`` (all of them, in grid order) and close it."""
+        self.close()
+        _write_atomic(self.path, header_line(self.columns) + "".join(rows))
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -181,8 +228,12 @@ def _canonical(value: Any) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C / SIGTERM mid-write: the old file stays, no stray temp file
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,248 @@
+"""The ``ray`` backend: sweep tasks as Ray remote functions, on a local Ray or a cluster.
+
+Joining a cluster is bounded in time. ``ray.init(address=...)`` retries an address that
+does not answer for minutes, so before anything else (before the sweep writes its output
+folder) the address is checked to accept a TCP connection within
+:data:`RAY_CONNECT_TIMEOUT_S`; then ``ray.init`` itself runs in a daemon thread and is
+given up after :data:`RAY_INIT_TIMEOUT_S` (a port that accepts connections but is not a
+Ray GCS, such as the dashboard's). Either failure is one :class:`UserError` naming the
+address. Ray is imported only in this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from sim.errors import UserError
+from sim.sweeps.backends import WorkerDied
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+RAY_CONNECT_TIMEOUT_S = 15.0
+"""Seconds a cluster address has to accept a TCP connection before the sweep gives up."""
+
+RAY_INIT_TIMEOUT_S = 60.0
+"""Seconds ``ray.init`` may take to join a reachable cluster (it uploads the ``sim`` package)."""
+
+RAY_CLIENT_PORT = 10001  # Ray Client's default, for ray://HOST without a port
+_START_HINT = "start one with `ray start --head`, or drop --address to run a local Ray"
+
+
+def _apply(fn: Callable[[T], R], item: T) -> R:
+    return fn(item)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserError(
+            'the ray backend needs Ray: pip install ".[ray]" (or pip install "ray>=2.9")',
+            field="backend",
+        ) from None
+    return ray
+
+
+class RayBackend:
+    """Tasks as Ray remote functions, on a local Ray or an existing cluster.
+
+    The ``sim`` package is shipped to the workers (Ray ``py_modules``), so every node
+    runs exactly this code and a cluster needs no batchsim install. A Ray already
+    initialized in this process (a notebook) is used as it is and left running.
+
+    Args:
+        workers: CPUs of the local Ray started when ``address`` is None.
+        address: cluster address (``"auto"``, ``"HOST:PORT"``, ``"ray://host:10001"``), or None.
+
+    Raises:
+        UserError: Ray is not installed, or ``address`` is malformed, does not accept a
+            connection within :data:`RAY_CONNECT_TIMEOUT_S` or is not joined within
+            :data:`RAY_INIT_TIMEOUT_S` (a cluster is joined here, at once).
+    """
+
+    def __init__(self, workers: int, address: str | None = None) -> None:
+        self.workers = workers
+        self.address = address
+        self._ray = _import_ray()
+        self._started = False
+        self._remote: Any = None
+        if address is not None and not self._ray.is_initialized():
+            # Join now, not with the first tasks: a wrong or silent address must fail
+            # before the sweep writes anything. Joining takes about a second.
+            check_reachable(address)
+            self._start()
+
+    def __enter__(self) -> RayBackend:
+        return self  # a local Ray starts on the first tasks: a fully resumed sweep never pays for it
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Disconnect from (or stop) the Ray this backend started; idempotent."""
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+    def _start(self) -> None:
+        ray = self._ray
+        if not ray.is_initialized():
+            runtime_env = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
+            quiet: dict[str, Any] = {
+                "log_to_driver": False,
+                "logging_level": logging.ERROR,
+                "runtime_env": runtime_env,
+            }
+            if self.address is not None:
+                self._join(quiet)
+            else:
+                _init_keeping_sigterm(ray, num_cpus=self.workers, include_dashboard=False, **quiet)
+            self._started = True
+        # Ray retries a task whose worker died; the result is the same, so that is safe.
+        self._remote = ray.remote(num_cpus=1, max_retries=2)(_apply)
+
+    def _join(self, options: dict[str, Any]) -> None:
+        """``ray.init(address=...)`` in a daemon thread, given up after ``RAY_INIT_TIMEOUT_S``.
+
+        A thread is the only way to bound it: the wait happens inside Ray's C++ client,
+        which a signal cannot interrupt. Off the main thread Ray also leaves the
+        caller's SIGTERM handler alone. A thread given up on is abandoned (daemon).
+        """
+        outcome: dict[str, BaseException | None] = {}
+
+        def attempt() -> None:
+            try:
+                self._ray.init(address=self.address, **options)
+                outcome["error"] = None
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=attempt, name="ray-init", daemon=True)
+        thread.start()
+        thread.join(RAY_INIT_TIMEOUT_S)
+        if "error" not in outcome:
+            reason = f"it accepts connections but Ray did not join within {RAY_INIT_TIMEOUT_S:g} s"
+            raise UserError(
+                f"address = '{self.address}': cannot reach a Ray cluster ({reason}; is it the GCS port "
+                f"of `ray start --head`, or ray://HOST:10001?); {_START_HINT}",
+                field="address",
+            )
+        error = outcome["error"]
+        if isinstance(error, (ConnectionError, TimeoutError, ValueError)):
+            raise UserError(
+                f"address = '{self.address}': cannot reach a Ray cluster ({_one_line(error)}); {_START_HINT}",
+                field="address",
+            ) from None
+        if error is not None:
+            raise error
+
+    def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """Submit every item, then yield results with ``ray.wait`` as they finish."""
+        if self._remote is None:
+            self._start()
+        ray = self._ray
+        pending = [self._remote.remote(fn, item) for item in items]
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                yield ray.get(done[0])
+        except ray.exceptions.WorkerCrashedError:
+            raise WorkerDied(
+                "a Ray worker died mid-task (killed or out of memory) and its retries failed; "
+                "results that finished are kept — rerun with --resume to complete the rest"
+            ) from None
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+
+def _init_keeping_sigterm(ray: Any, **options: Any) -> None:
+    """``ray.init`` in this thread, then put back the SIGTERM handler it replaces.
+
+    On the main thread ``ray.init`` installs a handler that calls ``sys.exit``; the CLI's
+    own handler turns SIGTERM into the same clean shutdown as Ctrl-C, so it must stay.
+    """
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if on_main else None
+    try:
+        ray.init(**options)
+    finally:
+        if on_main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------- reachability
+def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`UserError` unless ``address`` accepts a TCP connection within ``timeout_s``.
+
+    ``"local"`` (start a new local Ray) is not checked; ``"auto"`` is resolved as Ray
+    resolves it (``RAY_ADDRESS``, then the cluster this machine last started).
+    """
+    target = _resolve_auto() if address == "auto" else address
+    if target is None or target == "local":
+        return  # nothing to connect to, or a Ray that resolves "auto" its own way
+    host, port = _endpoint(target)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        reason = f"no answer within {timeout_s:g} s" if timed_out else (exc.strerror or str(exc)).lower()
+        resolved = f" (that is {target})" if target != address else ""
+        raise UserError(
+            f"address = '{address}'{resolved}: cannot reach a Ray cluster ({reason}); {_START_HINT}",
+            field="address",
+        ) from None
+
+
+def _endpoint(address: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``ray://HOST[:PORT]`` -> (host, port)."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = None
+    if port is None and parts.scheme == "ray":
+        port = RAY_CLIENT_PORT
+    if not parts.hostname or port is None:
+        raise UserError(
+            f"address = '{address}': expected HOST:PORT (a Ray GCS, e.g. 10.0.0.5:6379), "
+            "ray://HOST[:PORT] (Ray Client) or 'auto'",
+            field="address",
+        )
+    return parts.hostname, port
+
+
+def _resolve_auto() -> str | None:
+    """The address ``"auto"`` stands for, or None when this Ray version cannot tell us.
+
+    Raises:
+        UserError: no running Ray cluster is known on this machine.
+    """
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env and env != "auto":
+        return env
+    try:  # private, but the very function ray.init uses; absent in some version: skip
+        from ray._private.services import canonicalize_bootstrap_address_or_die as resolve
+    except ImportError:
+        return None
+    try:
+        return str(resolve("auto"))
+    except ConnectionError as exc:
+        raise UserError(
+            f"address = 'auto': cannot reach a Ray cluster ({_one_line(exc)}); {_START_HINT}",
+            field="address",
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
