@@ -1,7 +1,9 @@
 """``python -m sim report``: regenerate results/ from the shipped scenarios.
 
 Each scenario's outputs go to ``results/<name>/``; the scenarios under
-``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}``. A scenario
+``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}``; the real vLLM runs
+in ``../shared/validation`` are replayed into ``results/validation/`` (skipped, saying so, where
+absent). A scenario
 whose trace is not on this machine is skipped with a message, not an error. Every
 scenario is loaded and its folder checked (:func:`sim.outputs.check_output_dir`) before
 the first simulation, so a folder that must not be replaced fails the report at once.
@@ -52,6 +54,9 @@ def regenerate_results(
     if seed_table:
         write_speedup(seed_table, out_dir, plots=plots)
         log(f"wrote {out_dir / 'batching_speedup.md'}")
+    from sim.validation.report import report_validation
+
+    report_validation(out_dir, log=log)  # results/validation/: real vLLM runs vs their replay
     return summaries
 
 

@@ -1,0 +1,162 @@
+"""Reading a validation folder: ``summary.csv`` plus one per-request CSV per real run.
+
+The format (``../shared/validation/vllm-0.6.0-burst/README.md``): ``summary.csv`` has one
+row per run with the hardware (``gpu``, ``num_gpus``, ``tensor_parallel``), the model
+(``model_id``, ``max_model_len``), ``num_prompts`` and the figures benchmark_serving
+reported (``duration``, ``output_throughput``, ``median_ttft_ms_nonzero``,
+``median_tpot_ms``, ``median_latency_ms``, ...), and ``requests_file``, the run's CSV of
+``request_idx, input_len, output_len, ttft_s, e2e_s, status``. Everything is checked
+before anything is simulated; every problem is one :class:`~sim.errors.UserError` naming
+the file, line and column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import MissingDataError, UserError, did_you_mean
+from sim.workload.traces import token_column
+
+SUMMARY_FILE = "summary.csv"
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "config", "gpu", "num_gpus", "tensor_parallel", "model_id", "max_model_len", "num_prompts",
+    "duration", "completed", "total_output_tokens", "output_throughput", "median_ttft_ms_nonzero",
+    "median_tpot_ms", "median_latency_ms", "requests_file",
+)  # fmt: skip
+"""Columns of ``summary.csv`` the replay needs (others, e.g. the source, are kept if present)."""
+REQUEST_COLUMNS: tuple[str, ...] = ("request_idx", "input_len", "output_len", "ttft_s", "status")
+"""Columns of a run's request CSV the replay needs (``e2e_s`` may be present and empty)."""
+_INT_FIELDS = ("num_gpus", "tensor_parallel", "max_model_len", "num_prompts", "completed", "total_output_tokens")
+_FLOAT_FIELDS = ("duration", "output_throughput", "median_ttft_ms_nonzero", "median_tpot_ms", "median_latency_ms")
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One measured run of a validation folder.
+
+    Attributes:
+        name: the request file's stem, unique in the folder (e.g. ``a100x1_..._len2000__N80``).
+        summary: its ``summary.csv`` row (ints and floats parsed; other cells as text).
+        requests: ``request_idx, input_len, output_len, ttft_s`` (ints; TTFT in seconds,
+            0 for an empty output), one row per request in index order.
+    """
+
+    name: str
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the client sent (``num_prompts``)."""
+        return int(self.summary["num_prompts"])
+
+
+def load_validation_set(folder: str | Path) -> list[RealRun]:
+    """Every run of a validation folder, in ``summary.csv`` order, checked.
+
+    Raises:
+        MissingDataError: the folder or its ``summary.csv`` does not exist.
+        UserError: a missing column, a cell that is not a number, a request file that is
+            missing, has the wrong row count, or whose lengths disagree with the summary.
+    """
+    folder = Path(folder)
+    summary_path = folder / SUMMARY_FILE
+    if not folder.is_dir():
+        raise MissingDataError(f"validation folder {folder}: not found (or not a folder)")
+    if not summary_path.is_file():
+        raise MissingDataError(f"validation folder {folder}: has no {SUMMARY_FILE}")
+    frame = _read_csv(summary_path)
+    _require_columns(frame, SUMMARY_COLUMNS, summary_path)
+    runs = [_load_run(folder, summary_path, frame, row) for row in range(len(frame))]
+    names = [r.name for r in runs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"{summary_path}: requests_file repeated: {', '.join(repeated)}")
+    return runs
+
+
+def _load_run(folder: Path, summary_path: Path, frame: pd.DataFrame, row: int) -> RealRun:
+    summary = _summary_row(frame, row, summary_path)
+    path = folder / str(summary["requests_file"])
+    if not path.is_file():
+        raise UserError(f"{_where(summary_path, row, 'requests_file')}: {path.name} not found in {folder}")
+    requests = _requests(path)
+    _check_consistent(requests, summary, path)
+    return RealRun(path.stem, summary, requests)
+
+
+def _summary_row(frame: pd.DataFrame, row: int, path: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = {k: v for k, v in frame.iloc[row].items() if pd.notna(v)}
+    for column in _INT_FIELDS + _FLOAT_FIELDS:
+        cell = frame[column].iloc[row]
+        value = float(pd.to_numeric(pd.Series([cell]), errors="coerce").iloc[0])
+        whole = column in _INT_FIELDS
+        if not (np.isfinite(value) and value >= 0 and (value == np.floor(value) or not whole)):
+            kind = "a whole number >= 0" if whole else "a finite number >= 0"
+            raise UserError(f"{_where(path, row, column)}: {cell!r} is not {kind}")
+        summary[column] = int(value) if whole else value
+    for column in ("model_id", "gpu", "requests_file"):
+        summary[column] = str(frame[column].iloc[row]).strip()
+    return summary
+
+
+def _requests(path: Path) -> pd.DataFrame:
+    frame = _read_csv(path)
+    _require_columns(frame, REQUEST_COLUMNS, path)
+    ttft = pd.to_numeric(frame["ttft_s"], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(ttft) | (ttft < 0)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(f"{_where(path, row, 'ttft_s')}: {frame['ttft_s'].iloc[row]!r} is not a time >= 0")
+    requests = pd.DataFrame({
+        "request_idx": token_column(frame, "request_idx", path, min_tokens=0),
+        "input_len": token_column(frame, "input_len", path, min_tokens=1),
+        "output_len": token_column(frame, "output_len", path, min_tokens=0),
+        "ttft_s": ttft,
+    })  # fmt: skip
+    out_of_order = np.flatnonzero(requests["request_idx"].to_numpy() != np.arange(len(requests)))
+    if out_of_order.size:
+        row = int(out_of_order[0])
+        raise UserError(f"{_where(path, row, 'request_idx')}: {requests['request_idx'].iloc[row]} where {row} "
+                        "was expected; rows must be request 0, 1, 2, ... in order")
+    return requests
+
+
+def _check_consistent(requests: pd.DataFrame, summary: dict[str, Any], path: Path) -> None:
+    if len(requests) != summary["num_prompts"]:
+        raise UserError(f"{path}: {len(requests)} requests, but summary.csv says num_prompts = "
+                        f"{summary['num_prompts']}")
+    total = int(requests["output_len"].sum())
+    if total != summary["total_output_tokens"]:
+        raise UserError(f"{path}: output_len sums to {total}, but summary.csv says total_output_tokens = "
+                        f"{summary['total_output_tokens']}")
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable CSV file: {' '.join(str(exc).split())}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if frame.empty:
+        raise UserError(f"{path}: the file has a header but no data rows")
+    return frame
+
+
+def _require_columns(frame: pd.DataFrame, columns: tuple[str, ...], path: Path) -> None:
+    present = [str(c) for c in frame.columns]
+    for column in columns:
+        if column not in present:
+            raise UserError(f"{path}: no column '{column}'{did_you_mean(column, present)}; "
+                            f"columns are: {', '.join(present)}")
+
+
+def _where(path: Path, row: int, column: str) -> str:
+    # The header is line 1, so data row i (0-based) is line i + 2.
+    return f"{path}, line {row + 2}, column '{column}'"
