@@ -7,12 +7,14 @@ the notebooks and sweeps all call this function, so they cannot disagree.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sim.config import Scenario
@@ -20,6 +22,8 @@ from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import KVBudget, kv_budget
+from sim.metrics.estimate import warn_if_large
+from sim.metrics.records import sample_every_kth
 from sim.metrics.summary import summarize_run
 from sim.scenario_io import load_scenario
 from sim.serving.engine import simulate
@@ -70,9 +74,12 @@ class RunResult:
         scenario: the validated scenario that was run.
         facts: derived values (KV capacity, calibration used, ...).
         summary: one row per policy; columns as ``summary.csv``.
-        requests: one row per request per policy (``policy`` column first).
-        iterations: one row per forward pass per policy (``policy`` column first).
-        runtime_s: wall-clock seconds the simulations took.
+        requests: one row per request per policy (categorical ``policy`` column first).
+        iterations: per policy every k-th forward pass, k = ``facts["iterations_every"][policy]``
+            (1 up to ``metrics.max_iteration_rows`` passes; the summary used all of them).
+        runtime_s: wall-clock seconds the simulations and summaries took.
+        summary_only: ``requests`` and ``iterations`` are empty (right columns, no rows):
+            only the summary was kept, so no per-request/per-iteration files or plots.
     """
 
     scenario: Scenario
@@ -82,6 +89,7 @@ class RunResult:
     iterations: pd.DataFrame
     runtime_s: float = 0.0
     seed: int = field(default=0)
+    summary_only: bool = False
 
     def save(self, out_dir: str | Path, *, plots: bool = True) -> Path:
         """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`)."""
@@ -146,6 +154,8 @@ def run(
     scenario: Scenario | str | Path,
     policies: Sequence[str] | None = None,
     progress: bool | ProgressFactory = False,
+    *,
+    summary_only: bool = False,
 ) -> RunResult:
     """Simulate every policy of a scenario on one common request stream.
 
@@ -156,22 +166,32 @@ def run(
             or a factory ``(policy_name, total_requests) -> callback`` for custom reporting;
             a factory that accepts the keywords ``index`` and ``count`` also gets the policy's
             1-based position among the ``count`` policies of the run.
+        summary_only: keep only the summary rows (each computed from all the records of its
+            policy, which are dropped before the next policy runs): memory for one policy's
+            records instead of all of them. Warns (``warnings.warn``) when
+            :func:`sim.metrics.estimate.estimate_run` expects a large run without it.
 
     Returns:
-        RunResult with summary, per-request and per-iteration tables.
+        RunResult with summary, per-request and (sampled) per-iteration tables.
     """
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     selected = select_policies(scenario, policies)
     resolved = resolve(scenario)
+    warn_if_large(resolved, selected, summary_only=summary_only)
     factory = _progress_factory(progress)
     started = time.perf_counter()
     per_policy = {
-        p.name: _simulate_policy(resolved, p, factory, index=k, count=len(selected))
+        p.name: _condense(
+            resolved,
+            p.name,
+            _simulate_policy(resolved, p, factory, index=k, count=len(selected)),
+            summary_only=summary_only,
+        )
         for k, p in enumerate(selected, start=1)
     }
     runtime_s = time.perf_counter() - started
-    return _assemble(resolved, per_policy, runtime_s)
+    return _assemble(resolved, per_policy, runtime_s, summary_only=summary_only)
 
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any]:
@@ -212,30 +232,67 @@ def _simulate_policy(
             close()
 
 
-def _assemble(resolved: ResolvedScenario, per_policy: dict[str, Any], runtime_s: float) -> RunResult:
+@dataclass(frozen=True)
+class _Kept:
+    """What stays of one policy's run once its full records are dropped."""
+
+    row: dict[str, Any]  # its summary.csv row, computed from all the records
+    requests: pd.DataFrame  # all rows, or none (summary only)
+    iterations: pd.DataFrame  # every ``every``-th row, or none (summary only)
+    every: int  # 0 when summary only
+
+
+def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: bool) -> _Kept:
+    """Summarize one policy's full records, then keep only what the result holds."""
+    gc.collect()  # the finished engine's SimPy processes form reference cycles: free them now
     scenario = resolved.scenario
-    rows = [
-        summarize_run(
-            out.requests,
-            out.iterations,
-            scenario=scenario.name,
-            policy=name,
-            num_gpus=resolved.num_gpus,
-            warmup_s=scenario.metrics.warmup_s,
-            slo=scenario.slo,
-            gpu_hour_usd=scenario.gpu_hour_usd,
-            replicas=scenario.replicas,
-        )
-        for name, out in per_policy.items()
-    ]
-    summary = pd.DataFrame(rows)
-    requests = _stack({n: o.requests for n, o in per_policy.items()})
-    iterations = _stack({n: o.iterations for n, o in per_policy.items()})
-    return RunResult(scenario, resolved.facts(), summary, requests, iterations, runtime_s, scenario.seed)
+    row = summarize_run(
+        out.requests,
+        out.iterations,
+        scenario=scenario.name,
+        policy=name,
+        num_gpus=resolved.num_gpus,
+        warmup_s=scenario.metrics.warmup_s,
+        slo=scenario.slo,
+        gpu_hour_usd=scenario.gpu_hour_usd,
+        replicas=scenario.replicas,
+    )
+    if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
+        return _Kept(row, out.requests.iloc[:0].copy(), out.iterations.iloc[:0].copy(), 0)
+    iterations, every = sample_every_kth(out.iterations, scenario.metrics.max_iteration_rows)
+    return _Kept(row, out.requests, iterations, every)
+
+
+def _assemble(
+    resolved: ResolvedScenario, per_policy: dict[str, _Kept], runtime_s: float, *, summary_only: bool = False
+) -> RunResult:
+    scenario = resolved.scenario
+    summary = pd.DataFrame([kept.row for kept in per_policy.values()])
+    requests = _stack({n: k.requests for n, k in per_policy.items()})
+    iterations = _stack({n: k.iterations for n, k in per_policy.items()})
+    facts = resolved.facts()
+    if summary_only:
+        facts["summary_only"] = True
+    else:
+        facts["iterations_every"] = {n: k.every for n, k in per_policy.items()}
+    return RunResult(
+        scenario, facts, summary, requests, iterations, runtime_s, scenario.seed, summary_only=summary_only
+    )
 
 
 def _stack(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    parts = [frame.assign(policy=name)[["policy", *frame.columns]] for name, frame in frames.items()]
+    """The frames one after another, a categorical ``policy`` column (the dict's keys) first.
+
+    One frame is returned without copying its columns; several are concatenated once.
+    """
+    names = list(frames)
+    parts = []
+    for code, frame in enumerate(frames.values()):
+        part = frame.copy(deep=False)  # shares the columns
+        part.insert(0, "policy", pd.Categorical.from_codes(np.full(len(frame), code, dtype=np.int32), names))
+        parts.append(part)
+    if len(parts) == 1:
+        return parts[0]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 

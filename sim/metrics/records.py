@@ -67,6 +67,8 @@ class RequestRecords:
 
         Queue delay and TTFT are given wherever the event happened (also for a request
         that later timed out); TPOT, E2E and normalized latency only for completed ones.
+        The frame views these records' columns (no copy: they are final after a run) and
+        copies the token counts, which belong to the shared request stream.
         """
         done = self.status == COMPLETED
         n_out = np.asarray(output_tokens)
@@ -84,7 +86,7 @@ class RequestRecords:
                 "request_id": np.arange(len(self), dtype=np.int64),
                 "replica": self.replica,
                 "arrival_s": self.arrival_s,
-                "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64),
+                "prompt_tokens": np.array(prompt_tokens, dtype=np.int64),
                 "output_tokens": n_out.astype(np.int64),
                 "status": status,
                 "first_scheduled_s": self.first_scheduled_s,
@@ -97,7 +99,8 @@ class RequestRecords:
                 "norm_latency_s": e2e_s / n_out,
                 "preemptions": self.preemptions,
                 "retries": self.retries,
-            }
+            },
+            copy=False,
         )
 
 
@@ -145,7 +148,9 @@ class IterationRecords:
     def to_frame(self, kv_blocks_total: int) -> pd.DataFrame:
         """The iterations table (``ITERATION_COLUMNS``), ordered by start time then replica.
 
-        The buffers are emptied: the frame holds the only copy, keeping peak memory low.
+        The buffers are emptied and the frame's columns view them without a copy, so the
+        frame holds the only reference: dropping it frees the memory. Rows from several
+        replicas are reordered one column at a time (peak: the table plus one column).
         """
         columns: dict[str, array] = {
             "replica": self.replica,
@@ -156,15 +161,25 @@ class IterationRecords:
             "decode_tokens": self.decode_tokens,
             "kv_blocks_used": self.kv_blocks_used,
         }
-        # np.frombuffer views the buffers without copying; the DataFrame makes the one copy.
-        data = {
-            name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()
-        }
-        data["kv_blocks_total"] = np.full(len(self), kv_blocks_total, dtype=np.int32)
-        frame = pd.DataFrame(data, copy=True)
-        del data
-        self._new_buffers()  # release the old ones
+        self._new_buffers()  # the views below keep the old buffers alive, nothing else does
+        data = {name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()}
+        del columns
+        data["kv_blocks_total"] = np.full(len(data["start_s"]), kv_blocks_total, dtype=np.int32)
         # Rows are appended when an iteration ends; sort by start so replicas interleave in time.
-        if len(frame) and not frame["start_s"].is_monotonic_increasing:
-            frame = frame.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
-        return frame
+        if not pd.Series(data["start_s"], copy=False).is_monotonic_increasing:
+            order = np.lexsort((data["replica"], data["start_s"]))  # stable, like sort_values
+            for name in data:
+                data[name] = data[name][order]  # frees that column's buffer
+        return pd.DataFrame(data, copy=False)
+
+
+def sample_every_kth(frame: pd.DataFrame, max_rows: int) -> tuple[pd.DataFrame, int]:
+    """Every k-th row, k = ceil(rows / max_rows) (at least 1), and k: the rule of ``iterations.csv``.
+
+    The sampled rows are copied (a strided view would keep the whole table alive), so the
+    caller can drop the full frame; with k = 1 the frame itself is returned.
+    """
+    every = max(1, -(-len(frame) // max_rows))
+    if every == 1:
+        return frame, 1
+    return frame.iloc[::every].copy().reset_index(drop=True), every

@@ -66,6 +66,9 @@ _LATENCY_STATS: dict[str, tuple[str, float | str]] = {
 
 _SECONDS_PER_HOUR = 3600.0
 _TIME_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "completion_s")
+# Only these columns of the selected requests are copied (a run may hold millions of rows).
+_LATENCY_SOURCES = list(dict.fromkeys(source for source, _ in _LATENCY_STATS.values()))
+_SLO_COLUMNS = ["status", "ttft_s", "tpot_s", "e2e_s"]
 
 
 def summarize_run(
@@ -114,10 +117,10 @@ def summarize_run(
     row: dict[str, Any] = {"scenario": scenario, "policy": policy}
     row |= _counts(requests, iterations, completed, workers)
     row |= _rates(requests, completed, duration_s, num_gpus, gpu_hour_usd)
-    row |= _latency_stats(requests[completed & post_warmup])
+    row |= _latency_stats(requests.loc[completed & post_warmup, _LATENCY_SOURCES])
     row |= _gpu_stats(iterations, duration_s, workers)
     goodput_window_s = end_s - max(start_s, warmup_s)
-    row |= _slo_stats(requests[post_warmup], slo, goodput_window_s)
+    row |= _slo_stats(requests.loc[post_warmup, _SLO_COLUMNS], slo, goodput_window_s)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 
@@ -209,23 +212,29 @@ def _latency_stats(measured: pd.DataFrame) -> dict[str, float]:
 
 def _gpu_stats(iterations: pd.DataFrame, duration_s: float, workers: int) -> dict[str, float]:
     busy_s = iterations["duration_s"].to_numpy(dtype=float)
-    kv_frac = kv_fraction(iterations)
     capacity_s = duration_s * workers
-    return {
-        "gpu_busy_frac": _clip_rounding(_ratio(busy_s.sum(), capacity_s)),
-        "kv_peak_frac": _nanmax(kv_frac),
-        # Between iterations a worker holds no running batch, so idle time counts as 0.
-        "kv_mean_frac": _ratio(float(np.nansum(kv_frac * busy_s)), capacity_s),
-        "mean_batch_size": _nanmean(iterations["batch_size"]),
-    }
+    stats = {"gpu_busy_frac": _clip_rounding(_ratio(busy_s.sum(), capacity_s))}
+    weighted = kv_fraction(iterations)
+    stats["kv_peak_frac"] = _nanmax(weighted)
+    # In place, one pass-sized array at a time: np.nansum(kv_frac * busy_s) without its copies.
+    # Between iterations a worker holds no running batch, so idle time counts as 0.
+    np.multiply(weighted, busy_s, out=weighted)
+    weighted[np.isnan(weighted)] = 0.0
+    stats["kv_mean_frac"] = _ratio(float(weighted.sum()), capacity_s)
+    del weighted
+    stats["mean_batch_size"] = _nanmean(iterations["batch_size"])
+    return stats
 
 
 def kv_fraction(iterations: pd.DataFrame) -> np.ndarray:
-    """KV blocks used / KV blocks total per iteration (NaN where the total is 0)."""
-    used = iterations["kv_blocks_used"].to_numpy(dtype=float)
-    total = iterations["kv_blocks_total"].to_numpy(dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(total > 0, used / np.where(total > 0, total, 1.0), np.nan)
+    """KV blocks used / KV blocks total per iteration (NaN where the total is 0), a new array."""
+    fraction = iterations["kv_blocks_used"].to_numpy(dtype=float, copy=True)
+    total = iterations["kv_blocks_total"].to_numpy()
+    total = total if np.issubdtype(total.dtype, np.number) else total.astype(float)
+    valid = total > 0
+    np.divide(fraction, total, out=fraction, where=valid)  # in place: one pass-sized array
+    fraction[~valid] = np.nan
+    return fraction
 
 
 def _slo_stats(measured: pd.DataFrame, slo: SLOConfig | None, window_s: float) -> dict[str, float]:
@@ -265,7 +274,8 @@ def _require_columns(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -
 
 def _finite(values: np.ndarray | pd.Series) -> np.ndarray:
     array = np.asarray(values, dtype=float)
-    return array[~np.isnan(array)]
+    missing = np.isnan(array)
+    return array[~missing] if missing.any() else array  # no copy of a column without NaN
 
 
 def _nanmean(values: np.ndarray | pd.Series) -> float:

@@ -1,0 +1,141 @@
+"""Before a large run: how much memory and time will it take?
+
+``estimate_run`` predicts peak memory (bytes) and wall time (seconds) of ``run`` + ``save``
+from the request count, the mean prompt and output lengths, the number of policies and
+constants measured per forward pass and per request. The number of forward passes is the
+unknown: each one decodes one token for every sequence in the batch, so a policy runs about
+n x mean_output / B passes, with B its mean batch. B is the batch the load sustains
+(Little's law: rate per replica x mean output x pass time, solved by fixed-point iteration)
+capped by ``max_batch_size`` and the KV cache; a static batch runs until its longest output.
+The pass count is typically within 1.5x (it cannot know queueing, prefill passes or
+preemptions), and the memory and time within about 2x of what the benchmark measures.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sim.config import Scenario
+    from sim.runner import ResolvedScenario
+
+# Measured with benchmarks/bench_cli_memory.py on 2026-12-01, 2-core Intel Xeon x86-64 VM (Linux,
+# Python 3.11, pandas 3.1, numpy 2.4): continuous batching, max batch 64, calibrated Llama-2-7B;
+# 200k-1M requests at 2, 5 and 9 req/s (1.2M-11.9M passes), peak RSS and wall time fitted as
+# base + per pass + per request (the simulation of the largest policy is the peak).
+BASE_BYTES = 127e6  # interpreter, numpy, pandas, SimPy, the cost model
+BYTES_PER_PASS = 48.0  # iteration buffers (38 B) + summary temporaries, largest policy only
+BYTES_PER_REQUEST = 107.0  # stream, records and requests frame of the policy being run
+BYTES_PER_REQUEST_KEPT = 150.0  # requests frame kept per further policy (full records)
+BASE_S = 3.7  # start-up, imports, resolving the scenario
+SECONDS_PER_PASS = 8.3e-6  # SimPy events, policy step, cost model, one record
+SECONDS_PER_REQUEST = 41e-6  # per request per policy: clients, router, queues, summary
+SECONDS_PER_REQUEST_KEPT = 12e-6  # per request per policy: requests.csv and plots (full records)
+
+WARN_BYTES = 2e9
+WARN_SECONDS = 60.0
+
+
+def estimate_run(
+    target: ResolvedScenario | Scenario,
+    policies: Sequence[Any] | None = None,
+    *,
+    summary_only: bool = False,
+) -> tuple[float, float]:
+    """Predicted (peak memory in bytes, wall seconds) of running and saving a scenario.
+
+    Args:
+        target: a resolved scenario (``sim.runner.resolve``) or a Scenario (resolved here:
+            draws the request stream, cheap next to the run).
+        policies: the policy configs to run (default: all of the scenario's).
+        summary_only: predict ``run(..., summary_only=True)``: one policy's records at a time,
+            no per-request files or plots.
+
+    Returns:
+        (memory_bytes, seconds).
+    """
+    resolved = _resolved(target)
+    chosen = list(resolved.scenario.policies if policies is None else policies)
+    n = len(resolved.stream)
+    passes = [forward_passes(resolved, policy) for policy in chosen]
+    memory_bytes = BASE_BYTES + max(passes, default=0.0) * BYTES_PER_PASS + n * BYTES_PER_REQUEST
+    seconds = BASE_S + sum(passes) * SECONDS_PER_PASS + n * len(chosen) * SECONDS_PER_REQUEST
+    if not summary_only:  # every policy's requests are kept, then written and plotted
+        memory_bytes += n * max(0, len(chosen) - 1) * BYTES_PER_REQUEST_KEPT
+        seconds += n * len(chosen) * SECONDS_PER_REQUEST_KEPT
+    return memory_bytes, seconds
+
+
+def warn_if_large(resolved: ResolvedScenario, policies: Sequence[Any], *, summary_only: bool) -> str | None:
+    """``warnings.warn`` (and return) a message when a run with full records looks large.
+
+    Large: over ``WARN_BYTES`` of memory or ``WARN_SECONDS`` of wall time by
+    :func:`estimate_run`; nothing is said for a summary-only run.
+    """
+    if summary_only:
+        return None
+    memory_bytes, seconds = estimate_run(resolved, policies)
+    if memory_bytes <= WARN_BYTES and seconds <= WARN_SECONDS:
+        return None
+    message = (
+        f"this run is estimated at ~{memory_bytes / 1e9:.1f} GB peak memory and ~{seconds:.0f} s "
+        f"({len(resolved.stream):,} requests x {len(policies)} policies); --summary-only "
+        "(run(..., summary_only=True)) keeps only the summary and one policy's records at a time"
+    )
+    warnings.warn(message, UserWarning, stacklevel=3)  # shown by default, unlike ResourceWarning
+    return message
+
+
+def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
+    """Expected forward passes of one policy over the whole stream (all replicas)."""
+    stream = resolved.stream
+    if not len(stream):
+        return 0.0
+    batch = min(_full_batch(resolved, policy), _load_batch(resolved))
+    outputs = stream.output_tokens
+    if policy.kind != "static":
+        return float(outputs.sum()) / batch
+    size = max(1, round(batch))  # a static batch decodes until its longest output ends
+    return float(np.maximum.reduceat(outputs, np.arange(0, len(outputs), size)).sum())
+
+
+def _full_batch(resolved: ResolvedScenario, policy: Any) -> float:
+    """Most sequences one replica can batch: max_batch_size, or what its KV cache holds."""
+    stream = resolved.stream
+    reserve = policy.kind in ("static", "continuous")  # reserve prompt + max output at admission
+    per_request = stream.prompt_tokens.mean() + (stream.max_output_tokens if reserve else stream.output_tokens.mean())
+    return max(1.0, min(float(policy.max_batch_size), resolved.kv.capacity_tokens / per_request))
+
+
+def _load_batch(resolved: ResolvedScenario) -> float:
+    """Mean batch the offered load sustains per replica (inf for a burst or a saturated replica)."""
+    stream, replicas = resolved.stream, resolved.scenario.replicas
+    if stream.closed_loop is not None:
+        return max(1.0, stream.closed_loop.clients / replicas)
+    span_s = float(stream.arrival_s[-1] - stream.arrival_s[0])
+    if len(stream) < 2 or span_s <= 0:
+        return math.inf
+    rate = len(stream) / span_s / replicas
+    mean_output = float(stream.output_tokens.mean())
+    context = float(stream.prompt_tokens.mean()) + mean_output / 2
+    batch = 1.0
+    for _ in range(30):  # B = rate x output x T(B): increasing in B, from below to the least fixed point
+        pass_s = resolved.cost_model.time_from_totals_s(0, 0, 0.0, round(batch), round(batch * context))
+        new = max(1.0, rate * mean_output * pass_s)
+        if new > 1e6:
+            return math.inf
+        if abs(new - batch) < 1e-3:
+            break
+        batch = new
+    return batch
+
+
+def _resolved(target: ResolvedScenario | Scenario) -> ResolvedScenario:
+    from sim.runner import ResolvedScenario, resolve  # sim.runner imports this module
+
+    return target if isinstance(target, ResolvedScenario) else resolve(target)

@@ -1,0 +1,190 @@
+"""Records at scale: summaries from all records, sampled iterations kept, summary-only runs, estimates.
+
+``run`` summarizes each policy from its full records, then keeps every k-th iteration
+(k = ceil(passes / metrics.max_iteration_rows), per policy) or, with ``summary_only``, no
+records at all. Neither may change a summary number: they are compared exactly against
+a direct ``simulate`` + ``summarize_run`` on the unsampled records.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from array import array
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sim
+from sim.config import Scenario
+from sim.metrics import estimate
+from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
+from sim.metrics.records import ITERATION_COLUMNS, IterationRecords, sample_every_kth
+from sim.metrics.summary import summarize_run
+from sim.runner import resolve
+from sim.serving.engine import SimOutput, simulate
+
+MAX_ROWS = 50
+SCENARIO = {
+    "name": "records_memory",
+    "seed": 5,
+    "model": "llama-2-7b",
+    "gpu": "a100-80gb",
+    "replicas": 2,
+    "router": "least_outstanding",
+    "workload": {
+        "requests": 80,
+        "arrival": {"kind": "poisson", "rate": 8.0},
+        "prompt_tokens": {"kind": "uniform", "low": 16, "high": 128},
+        "output_tokens": {"kind": "uniform", "low": 2, "high": 80},
+    },
+    "policies": [
+        {"name": "static", "kind": "static", "max_batch_size": 8},
+        {"name": "continuous", "kind": "continuous", "max_batch_size": 8},
+        {"name": "vllm", "kind": "paged", "max_batch_size": 64},
+    ],
+    "slo": {"ttft_p99_s": 1.0, "tpot_p99_s": 0.05},
+    "metrics": {"max_iteration_rows": MAX_ROWS},
+}
+POLICIES = [p["name"] for p in SCENARIO["policies"]]
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    return Scenario.model_validate(SCENARIO)
+
+
+@pytest.fixture(scope="module")
+def full(scenario: Scenario) -> sim.RunResult:
+    return sim.run(scenario)
+
+
+@pytest.fixture(scope="module")
+def summary_only(scenario: Scenario) -> sim.RunResult:
+    return sim.run(scenario, summary_only=True)
+
+
+@pytest.fixture(scope="module")
+def direct(scenario: Scenario) -> dict[str, SimOutput]:
+    """Each policy simulated directly, its records unsampled."""
+    resolved = resolve(scenario)
+    return {
+        policy.name: simulate(
+            resolved.stream,
+            policy,
+            resolved.cost_model,
+            kv_blocks=resolved.kv.num_blocks,
+            block_size=resolved.kv.block_size,
+            replicas=scenario.replicas,
+            router=scenario.router,
+            seed=scenario.seed,
+        )
+        for policy in scenario.policies
+    }
+
+
+def test_summary_only_gives_the_same_summary_and_no_records(
+    full: sim.RunResult, summary_only: sim.RunResult
+) -> None:
+    pd.testing.assert_frame_equal(summary_only.summary, full.summary, check_exact=True)
+    assert summary_only.summary_only and not full.summary_only
+    assert summary_only.facts["summary_only"] is True and "iterations_every" not in summary_only.facts
+    for kept, empty in ((full.requests, summary_only.requests), (full.iterations, summary_only.iterations)):
+        assert len(empty) == 0 and len(kept) > 0
+        assert list(empty.columns) == list(kept.columns)
+        assert empty.dtypes.equals(kept.dtypes)
+
+
+def test_summary_is_that_of_the_unsampled_records(
+    scenario: Scenario, full: sim.RunResult, direct: dict[str, SimOutput]
+) -> None:
+    for row in full.summary.to_dict("records"):
+        out = direct[row["policy"]]
+        assert len(out.iterations) > MAX_ROWS  # so sampling happened
+        expected = summarize_run(
+            out.requests,
+            out.iterations,
+            scenario=scenario.name,
+            policy=row["policy"],
+            num_gpus=scenario.replicas,
+            slo=scenario.slo,
+            replicas=scenario.replicas,
+        )
+        assert list(row) == list(expected)
+        for column, value in expected.items():
+            same = value == row[column] or (isinstance(value, float) and math.isnan(value) and math.isnan(row[column]))
+            assert same, (row["policy"], column, value, row[column])
+
+
+def test_iterations_keep_every_kth_pass_per_policy(full: sim.RunResult, direct: dict[str, SimOutput]) -> None:
+    every = full.facts["iterations_every"]
+    assert list(every) == POLICIES
+    for policy in POLICIES:
+        complete = direct[policy].iterations
+        kept = full.iterations[full.iterations["policy"] == policy]
+        assert every[policy] == math.ceil(len(complete) / MAX_ROWS) > 1
+        assert 0 < len(kept) <= MAX_ROWS
+        np.testing.assert_array_equal(kept["start_s"], complete["start_s"].to_numpy()[:: every[policy]])
+        np.testing.assert_array_equal(kept["replica"], complete["replica"].to_numpy()[:: every[policy]])
+
+
+def test_policy_column_is_categorical_in_scenario_order(full: sim.RunResult) -> None:
+    for frame in (full.requests, full.iterations):
+        assert list(frame.columns[:1]) == ["policy"]
+        assert isinstance(frame["policy"].dtype, pd.CategoricalDtype)
+        assert list(frame["policy"].cat.categories) == POLICIES
+        assert list(frame["policy"].unique()) == POLICIES
+    assert list(full.iterations.columns[1:]) == list(ITERATION_COLUMNS)
+
+
+def test_sampled_rows_do_not_view_the_full_table() -> None:
+    frame = pd.DataFrame({"start_s": np.arange(1000.0)})
+    sampled, every = sample_every_kth(frame, 30)
+    assert every == 34 and len(sampled) == 30 and list(sampled.index) == list(range(30))
+    assert not np.shares_memory(sampled["start_s"].to_numpy(), frame["start_s"].to_numpy())
+    same, one = sample_every_kth(frame, 1000)
+    assert one == 1 and same is frame
+
+
+def test_iteration_rows_of_several_replicas_sort_like_a_stable_sort() -> None:
+    rng = np.random.default_rng(0)
+    records = IterationRecords()
+    starts = rng.integers(0, 40, 500).astype(float)  # many ties, so the tie-break shows
+    for i, start_s in enumerate(starts):
+        records.append(int(rng.integers(0, 3)), start_s, 0.5, i, 1, 2, 3)
+    columns = {name: np.array(getattr(records, name)) for name in ITERATION_COLUMNS[:-1]}
+    expected = pd.DataFrame(columns).assign(kv_blocks_total=np.int32(9))
+    expected = expected.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
+    frame = records.to_frame(9)
+    pd.testing.assert_frame_equal(frame, expected, check_exact=True)
+    assert len(records) == 0 and isinstance(records.start_s, array)
+
+
+def test_estimate_grows_with_requests_and_policies(scenario: Scenario) -> None:
+    small = estimate_run(scenario)
+    large = estimate_run(scenario.replace(**{"workload.requests": 800}))
+    alone = estimate_run(scenario, scenario.policies[:1])
+    lean = estimate_run(scenario.replace(**{"workload.requests": 800}), summary_only=True)
+    assert all(v > 0 for v in small)
+    assert large[0] > small[0] and large[1] > small[1]
+    assert alone[0] < small[0] and alone[1] < small[1]
+    assert lean[0] < large[0] and lean[1] < large[1]
+
+
+def test_forward_passes_estimate_within_2x(scenario: Scenario, full: sim.RunResult) -> None:
+    resolved = resolve(scenario)
+    for policy, measured in zip(scenario.policies, full.summary["iterations"], strict=True):
+        assert 0.5 < forward_passes(resolved, policy) / measured < 2.0, policy.name
+
+
+def test_large_run_warns_unless_summary_only(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved = resolve(scenario)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_large(resolved, scenario.policies, summary_only=False) is None
+    monkeypatch.setattr(estimate, "WARN_BYTES", 1.0)
+    with pytest.warns(UserWarning, match="--summary-only"):
+        message = warn_if_large(resolved, scenario.policies, summary_only=False)
+    assert message and "GB" in message
+    assert warn_if_large(resolved, scenario.policies, summary_only=True) is None
