@@ -57,9 +57,9 @@ def continuous(mbs=8):
     return make_policy(ContinuousPolicyConfig(name="c", max_batch_size=mbs))
 
 
-def paged(mbs=8, budget=4096):
+def paged(mbs=8, budget=4096, steps=1):
     return make_policy(
-        PagedPolicyConfig(name="p", max_batch_size=mbs, max_num_batched_tokens=budget)
+        PagedPolicyConfig(name="p", max_batch_size=mbs, max_num_batched_tokens=budget, num_scheduler_steps=steps)
     )
 
 
@@ -232,6 +232,53 @@ def test_paged_preempts_the_most_recently_arrived_when_a_step_needs_blocks():
     assert state._records.preemptions.tolist() == [0, 0, 1]
     # Recompute: prompt + the 5 tokens generated so far are re-prefilled.
     assert state.tokens_to_prefill(2) == 9
+
+
+def test_paged_multi_step_promises_kv_for_the_whole_block():
+    # Block size 4: after prefill each request caches 4 tokens in 1 block (2 of 4 used).
+    # One step needs 1 more block each (fits); 5 steps need 2 more each (4 > 2 free).
+    for steps, victims in ((1, []), (5, [1])):
+        state = make_state([4, 4], [20, 20], kv_blocks=4, block_size=4)
+        policy = paged(steps=steps)
+        enqueue(state, [0, 1])
+        step(state, policy)
+        plan = policy.schedule(state.view(1.0))
+        assert plan.decode and not plan.prefill and plan.steps == steps
+        assert plan.preempt == victims  # request 0 alone: 1 held + 2 more = 3 of 4 blocks
+
+
+def test_paged_multi_step_growth_stops_at_a_requests_last_token():
+    # Same cache, but each request has one decode step left: 1 block each fits, K = 5 or not.
+    state = make_state([4, 4], [2, 2], kv_blocks=4, block_size=4)
+    policy = paged(steps=5)
+    enqueue(state, [0, 1])
+    step(state, policy)
+    plan = policy.schedule(state.view(1.0))
+    assert plan.decode and plan.steps == 5 and not plan.preempt
+
+
+def test_paged_multi_step_prefill_plans_are_single_passes():
+    state = make_state([4, 4], [20, 20], kv_blocks=40, block_size=4)
+    policy = paged(steps=8)
+    enqueue(state, [0])
+    plan, _ = step(state, policy)
+    assert plan.prefill == [(0, 4)] and plan.steps == 1
+
+
+def test_ledger_multi_step_promise_counts_released_victims_growth():
+    # Three decoders at a block edge (block size 4, 4 cached each, 3 of 8 blocks used):
+    # 8 steps need 2 more blocks each.
+    state = make_state([4, 4, 4], [30] * 3, kv_blocks=8, block_size=4)
+    enqueue(state, range(3))
+    step(state, paged())
+    view = state.view(1.0)
+    assert not view.kv.try_decode_steps(8)  # 6 needed, 5 free
+    view.kv.release(2)  # its block and its growth come back: 4 needed, 6 free
+    assert view.kv.try_decode_steps(8) and view.kv.free_blocks == 2
+    view.kv.release(1)  # released after the promise: its block and promised growth return
+    assert view.kv.free_blocks == 5
+    with pytest.raises(ValueError):
+        view.kv.try_decode_steps(4)  # one plan, one number of steps
 
 
 # ----------------------------------------------------------------------------- chunked

@@ -38,6 +38,9 @@ class IterationPlan:
         charge_idle_slots: finished sequences still holding a static-batch slot are charged
             as decoding at their final context (padding).
         wake_at_s: with nothing to run, ask again at this time even if nothing arrives.
+        steps: decode passes run before the policy is asked again (vLLM multi-step
+            scheduling; > 1 only for a pure decode plan whose KV was promised for all of
+            them with ``kv.try_decode_steps``).
     """
 
     prefill: list[tuple[int, int]] = field(default_factory=list)
@@ -45,6 +48,7 @@ class IterationPlan:
     preempt: list[int] = field(default_factory=list)
     charge_idle_slots: bool = False
     wake_at_s: float | None = None
+    steps: int = 1
 
     @property
     def has_work(self) -> bool:
@@ -58,6 +62,7 @@ class KVLedgerView(Protocol):
     def try_admit(self, rid: int, tokens: int, keep_free_fraction: float = 0.0) -> bool: ...
     def try_extend(self, rid: int, tokens: int) -> bool: ...
     def try_decode_step(self) -> bool: ...
+    def try_decode_steps(self, steps: int) -> bool: ...
     def release(self, rid: int) -> None: ...
 
 

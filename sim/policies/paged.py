@@ -9,9 +9,15 @@ Otherwise every running request decodes; when the step needs a block and none is
 the most recently arrived running request is preempted (its blocks freed, back to the
 head of the queue, prompt plus generated tokens re-prefilled later), repeatedly, until
 the step fits (vLLM's recompute preemption).
+
+With ``num_scheduler_steps`` = K > 1 (vLLM 0.6 multi-step scheduling) a decode plan is
+a block of K decode passes: preemption goes on until K steps of KV growth fit (vLLM's
+lookahead slots), and the policy is not asked again before the block ends.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from sim.config import PagedPolicyConfig
 from sim.policies.base import (
@@ -28,7 +34,8 @@ class PagedPolicy(Policy):
     """vLLM v0-style paged scheduling.
 
     Args:
-        config: the paged policy config (max_batch_size, max_num_batched_tokens).
+        config: the paged policy config (max_batch_size, max_num_batched_tokens,
+            num_scheduler_steps).
     """
 
     memory = "paged"
@@ -36,6 +43,7 @@ class PagedPolicy(Policy):
     def __init__(self, config: PagedPolicyConfig) -> None:
         self.max_batch_size = config.max_batch_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.num_scheduler_steps = config.num_scheduler_steps
 
     def schedule(self, view: SchedulerView) -> IterationPlan:
         """A prefill iteration if a waiting request fits, else a decode step with preemptions."""
@@ -55,6 +63,11 @@ class PagedPolicy(Policy):
             if plan.prefill:
                 return plan
         if view.decoding_count:
-            preempt_until(view, plan, view.kv.try_decode_step)
+            steps = self.num_scheduler_steps
+            if steps == 1:
+                preempt_until(view, plan, view.kv.try_decode_step)
+            else:
+                preempt_until(view, plan, partial(view.kv.try_decode_steps, steps))
+                plan.steps = steps
             plan.decode = True
         return plan

@@ -18,9 +18,9 @@ class LedgerSource(Protocol):
     def free_blocks_now(self) -> int: ...
     def admission_blocks(self, rid: int, tokens: int) -> int: ...
     def extension_blocks(self, rid: int, tokens: int) -> int: ...
-    def decode_blocks_needed(self) -> int: ...
+    def decode_blocks_needed(self, steps: int = 1) -> int: ...
     def held_blocks(self, rid: int) -> int: ...
-    def crosses_block_next_step(self, rid: int) -> bool: ...
+    def decode_growth_blocks(self, rid: int, steps: int = 1) -> int: ...
 
 
 class KVLedger:
@@ -36,16 +36,18 @@ class KVLedger:
         self._total_blocks = total_blocks
         self.free_blocks = 0
         self._taken: dict[int, int] = {}
-        self._decode_taken = False
-        self._released_crossings = 0
+        self._decode_steps = 0  # decode steps promised to every decoding request (0: none yet)
+        self._released: list[int] = []  # victims released before the decode promise
 
-    def reset(self) -> None:
-        """Start a new plan from the replica's current state."""
-        self.free_blocks = self._source.free_blocks_now()
+    def reset(self, free_blocks: int | None = None) -> None:
+        """Start a new plan from the replica's current state (``free_blocks``: its free
+        blocks, if the caller has them at hand; else the source is asked)."""
+        self.free_blocks = self._source.free_blocks_now() if free_blocks is None else free_blocks
         if self._taken:
             self._taken.clear()
-        self._decode_taken = False
-        self._released_crossings = 0
+        self._decode_steps = 0
+        if self._released:
+            self._released.clear()
 
     def try_admit(self, rid: int, tokens: int, keep_free_fraction: float = 0.0) -> bool:
         """Promise room for waiting request ``rid`` to start, computing ``tokens`` tokens now.
@@ -64,24 +66,42 @@ class KVLedger:
 
     def try_decode_step(self) -> bool:
         """Promise room for every decoding request to append one token (idempotent once yes)."""
-        if self._decode_taken:
+        if self._decode_steps:
             return True
-        need = self._source.decode_blocks_needed() - self._released_crossings
+        return self._promise_decode(1, self._source.decode_blocks_needed())
+
+    def try_decode_steps(self, steps: int) -> bool:
+        """Promise room for every decoding request to append ``steps`` tokens, one per step
+        (a multi-step block: vLLM's lookahead slots); a request stops growing at its last
+        token. Idempotent once yes; one plan asks for one number of steps.
+        """
+        if steps == 1:
+            return self.try_decode_step()
+        if self._decode_steps:
+            if self._decode_steps != steps:
+                raise ValueError(f"decode steps already promised: {self._decode_steps}, asked {steps}")
+            return True
+        return self._promise_decode(steps, self._source.decode_blocks_needed(steps))
+
+    def _promise_decode(self, steps: int, need: int) -> bool:
+        """Take ``need`` blocks, less the growth of victims released so far, if they are free."""
+        if self._released:
+            source = self._source
+            need -= sum(source.decode_growth_blocks(rid, steps) for rid in self._released)
         if need > self.free_blocks:
             return False
         self.free_blocks -= need
-        self._decode_taken = True
+        self._decode_steps = steps
         return True
 
     def release(self, rid: int) -> None:
         """Count running request ``rid`` as preempted: its blocks and promises come back."""
         source = self._source
         self.free_blocks += source.held_blocks(rid) + self._taken.pop(rid, 0)
-        if source.crosses_block_next_step(rid):
-            if self._decode_taken:
-                self.free_blocks += 1
-            else:
-                self._released_crossings += 1
+        if self._decode_steps:
+            self.free_blocks += source.decode_growth_blocks(rid, self._decode_steps)
+        else:
+            self._released.append(rid)
 
     def _take(self, rid: int, blocks: int) -> bool:
         if blocks > self.free_blocks:

@@ -11,11 +11,19 @@ sum of their contexts (what the cost model needs), a heap of finish steps, and (
 memory) how many sequences sit at each residue modulo the block size, which says in
 O(1) how many new blocks the next step needs. Per-step work is therefore independent
 of the batch size and of the tokens generated so far.
+
+The group also knows when its members last received tokens (a *stream event*: the end
+of a decode pass, or of a multi-step block), for inter-token latencies: all members that
+had the previous event share one gap, and each member that joined since (its token came
+from a prefill) has its own; :meth:`DecodeGroup.event` reports them as weighted gaps.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
+
+from sim.metrics.itl import ITLRecorder
 
 # Phases of a Seq. GONE: it left the batch (finished, preempted or cancelled); heap
 # entries that still point at it are stale and skipped.
@@ -37,11 +45,13 @@ class Seq:
         start_step, start_context: decode-group clock and context when it joined the group.
         residue: its class modulo the block size (paged memory; see DecodeGroup).
         finish_step: decode-group step after which it has all its output tokens.
+        last_event_s: when it last received tokens, while that was not a group event (the
+            prefill that emitted a token before it joined the group; see DecodeGroup).
     """
 
     __slots__ = (
         "rid", "key", "prompt_tokens", "output_tokens", "target_tokens", "computed_tokens",
-        "blocks", "phase", "start_step", "start_context", "residue", "finish_step",
+        "blocks", "phase", "start_step", "start_context", "residue", "finish_step", "last_event_s",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +74,7 @@ class Seq:
         self.start_context = 0
         self.residue = 0
         self.finish_step = 0
+        self.last_event_s = 0.0
 
     @property
     def prefill_left(self) -> int:
@@ -85,15 +96,32 @@ class DecodeGroup:
     block_size`` is constant while it decodes, so counting members per residue answers
     "blocks needed by the next step" in O(1).
 
+    Stream events (inter-token latency): ``event_s`` is the time of the group's last event
+    and ``event_step`` the step it happened at. A member that joined before it
+    (``start_step < event_step``) is a *veteran*: its previous tokens came with that event.
+    The others joined since; ``_joiners`` counts them by the time of their own last tokens.
+
     Args:
         block_size: tokens per KV block.
+        itl: where the gaps go (default: a private recorder).
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, itl: ITLRecorder | None = None) -> None:
         self.block_size = block_size
+        self.itl = itl if itl is not None else ITLRecorder()
+        events = self.itl.new_stream()
+        # Bound appends: the event bookkeeping runs once per decode pass.
+        self._event_times, self._add_event = events.times, events.times.append
+        self._add_run = events.run_starts.append, events.run_counts.append
+        self._add_gap, self._add_count = events.gaps.append, events.counts.append
+        self._run_veterans = 0  # veterans of the stream's current run
         self.step = 0
         self.count = 0
         self.kv_tokens = 0
+        self.event_s = 0.0
+        self.event_step = 0
+        self.veterans = 0
+        self._joiners: dict[float, int] = {}
         self._per_residue = [0] * block_size
         self._finish_heap: list[tuple[int, int, Seq]] = []
         self._joins = 0  # heap tie-breaker: a request can have stale entries from earlier stints
@@ -118,8 +146,84 @@ class DecodeGroup:
         """Whether the member needs a new block in the next step (paged memory)."""
         return seq.residue == -self.step % self.block_size
 
-    def add(self, seq: Seq) -> None:
-        """Join after its prefill emitted a token (``target_tokens`` computed, one more output)."""
+    def growth_blocks(self, seq: Seq, steps: int) -> int:
+        """New blocks the member needs over the next ``steps`` steps (paged memory).
+
+        It stops growing at its last token, so a member that finishes within the window
+        only grows until then.
+        """
+        return self._crossings(seq, min(steps, seq.finish_step - self.step))
+
+    def blocks_needed_over(self, steps: int) -> int:
+        """New blocks the next ``steps`` steps need together (a multi-step block).
+
+        Each member crosses a block edge once per ``block_size`` steps, so the residue
+        counts answer for members that decode through the whole window in O(min(steps,
+        block_size)); members that finish inside it (the front of the finish heap, each
+        in one window only) are corrected one by one.
+        """
+        if steps == 1:
+            return self.blocks_needed()
+        size, per_residue = self.block_size, self._per_residue
+        cycles, rest = divmod(steps, size)
+        total = cycles * self.count + sum(per_residue[-(self.step + j) % size] for j in range(rest))
+        for seq in self._finishing_within(steps):
+            total -= self._crossings(seq, steps) - self.growth_blocks(seq, steps)
+        return total
+
+    def _crossings(self, seq: Seq, steps: int) -> int:
+        """Block edges the member crosses in the next ``steps`` steps, if it decoded them all."""
+        first = -(seq.residue + self.step) % self.block_size  # steps before its next crossing
+        return 0 if first >= steps else (steps - 1 - first) // self.block_size + 1
+
+    def _finishing_within(self, steps: int) -> Iterator[Seq]:
+        """Members whose last step comes before ``steps`` more steps are done (heap walk)."""
+        heap, limit = self._finish_heap, self.step + steps
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            finish_step, _, seq = heap[i]
+            if finish_step >= limit:
+                continue  # a heap: nothing below this entry finishes sooner
+            if seq.phase == DECODE:  # else a stale entry
+                yield seq
+            stack.extend(c for c in (2 * i + 1, 2 * i + 2) if c < len(heap))
+
+    def last_event_s(self, seq: Seq) -> float:
+        """When the member last received tokens."""
+        return self.event_s if seq.start_step < self.event_step else seq.last_event_s
+
+    def event(self, now_s: float) -> None:
+        """Every member receives its tokens now: record the gaps since each one's last tokens.
+
+        The veterans share the gap since the group's previous event (recorded as this
+        event's time, their count as runs); later joiners get one gap per distinct time at
+        which they got their previous token. Afterwards all members are veterans.
+        """
+        if self.veterans != self._run_veterans:
+            self._new_run()
+        self._add_event(now_s)
+        if self._joiners:
+            self._flush_joiners(now_s)
+        self.veterans = self.count
+        self.event_s = now_s
+        self.event_step = self.step
+
+    def _new_run(self) -> None:
+        add_start, add_count = self._add_run
+        add_start(len(self._event_times))
+        add_count(self.veterans)
+        self._run_veterans = self.veterans
+
+    def _flush_joiners(self, now_s: float) -> None:
+        add_gap, add_count = self._add_gap, self._add_count
+        for last_s, count in self._joiners.items():
+            add_gap(now_s - last_s)
+            add_count(count)
+        self._joiners.clear()
+
+    def add(self, seq: Seq, now_s: float = 0.0) -> None:
+        """Join after its prefill emitted a token at ``now_s`` (``target_tokens`` computed)."""
         context = seq.target_tokens + 1
         seq.phase = DECODE
         seq.start_step = self.step
@@ -131,14 +235,26 @@ class DecodeGroup:
         self._per_residue[seq.residue] += 1
         self._joins += 1
         heapq.heappush(self._finish_heap, (seq.finish_step, self._joins, seq))
+        seq.last_event_s = now_s
+        self._joiners[now_s] = self._joiners.get(now_s, 0) + 1
 
-    def advance(self) -> list[Seq]:
+    def advance(self, event_s: float | None = None) -> list[Seq]:
         """Run one decode step: every member gains a token; return those now complete.
 
-        The completed ones are still members; the caller removes them.
+        The completed ones are still members; the caller removes them. With ``event_s``
+        the members also receive their tokens then (a stream event, as :meth:`event`).
         """
         self.step += 1
         self.kv_tokens += self.count
+        if event_s is not None:  # event() inlined: this runs once per decode pass
+            if self.veterans != self._run_veterans:
+                self._new_run()
+            self._add_event(event_s)
+            if self._joiners:
+                self._flush_joiners(event_s)
+            self.veterans = self.count
+            self.event_s = event_s
+            self.event_step = self.step
         heap = self._finish_heap
         finished: list[Seq] = []
         while heap and heap[0][0] <= self.step:
@@ -152,4 +268,13 @@ class DecodeGroup:
         self.count -= 1
         self.kv_tokens -= self.context(seq)
         self._per_residue[seq.residue] -= 1
+        if seq.start_step < self.event_step:
+            self.veterans -= 1
+        else:
+            joiners, last_s = self._joiners, seq.last_event_s
+            left = joiners[last_s] - 1
+            if left:
+                joiners[last_s] = left
+            else:
+                del joiners[last_s]
         seq.phase = GONE

@@ -5,6 +5,9 @@ the engine changes: ``begin(plan)`` applies preemptions, admissions and allocati
 and returns the totals the cost model needs; ``end(plan)`` credits the tokens the pass
 produced once its time has elapsed. Both cost O(changes), not O(batch): decoding
 sequences live in a :class:`~sim.serving.sequences.DecodeGroup` with running sums.
+A multi-step block (a plan with ``steps`` > 1, vLLM's ``--num-scheduler-steps``) is
+``begin``, then ``block_step`` before each further pass, then ``end_block``. Every
+stream event reports its inter-token gaps to an :class:`~sim.metrics.itl.ITLRecorder`.
 Tests drive it as a plain state machine.
 """
 
@@ -17,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import COMPLETED, RUNNING, TIMED_OUT, WAITING, RequestRecords
 from sim.policies.base import IterationPlan
 from sim.serving.kv_cache import BlockAllocator
@@ -25,6 +29,7 @@ from sim.serving.sequences import DECODE, GONE, IDLE_SLOT, PREFILL, DecodeGroup,
 
 CostTotals = tuple[int, int, float, int, int]
 """(prefill tokens, prefill pieces, prefill attention work, decode sequences, decode KV tokens)."""
+_NOTHING: list[Seq] = []  # shared empty result, never appended to
 
 
 class ReplicaState:
@@ -38,6 +43,7 @@ class ReplicaState:
         reserve_output_tokens: reserve KV for prompt + this many tokens at admission
             (static, continuous); None for paged allocation as tokens are computed.
         holds_slots: finished sequences keep their slot and KV until the batch is done.
+        itl: where inter-token gaps go (shared by the replicas of a run; default: a private one).
     """
 
     def __init__(
@@ -50,11 +56,14 @@ class ReplicaState:
         *,
         reserve_output_tokens: int | None,
         holds_slots: bool = False,
+        itl: ITLRecorder | None = None,
     ) -> None:
         self.index = index
         self.now_s = 0.0
         self.blocks = allocator
-        self.decoders = DecodeGroup(allocator.block_size)
+        self.itl = itl if itl is not None else ITLRecorder()
+        self._itl_add = self.itl.add
+        self.decoders = DecodeGroup(allocator.block_size, self.itl)
         self.kv = KVLedger(self, allocator.total_blocks)
         self.running: dict[int, Seq] = {}
         self.waiting_count = 0
@@ -72,6 +81,9 @@ class ReplicaState:
         self._prefilling: list[Seq] = []
         self._cancelled: list[int] = []
         self._queue_since_s = 0.0
+        self._last_event_s: dict[int, float] = {}  # preempted after a token: when it got it
+        self._parked: list[Seq] = []  # finished inside the current multi-step block
+        self._block_tokens = 0  # tokens generated in the current block, reported at its end
 
     # ------------------------------------------------------------------ scheduler view
     @property
@@ -87,7 +99,7 @@ class ReplicaState:
     def view(self, now_s: float) -> ReplicaState:
         """Prepare for a scheduling decision at ``now_s`` and return self as the view."""
         self.now_s = now_s
-        self.kv.reset()
+        self.kv.reset(self.blocks.free_blocks)
         waiting, status = self._waiting, self._records.status
         while waiting and status[waiting[0]] != WAITING:
             waiting.popleft()  # abandoned while queued (lazy removal)
@@ -141,9 +153,11 @@ class ReplicaState:
         seq = self.running[rid]
         return self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks
 
-    def decode_blocks_needed(self) -> int:
-        """New blocks the next decode step needs."""
-        return 0 if self._reserve is not None else self.decoders.blocks_needed()
+    def decode_blocks_needed(self, steps: int = 1) -> int:
+        """New blocks the next ``steps`` decode steps need (each request stops at its last token)."""
+        if self._reserve is not None:
+            return 0
+        return self.decoders.blocks_needed() if steps == 1 else self.decoders.blocks_needed_over(steps)
 
     def held_blocks(self, rid: int) -> int:
         """Blocks running request ``rid`` holds now."""
@@ -152,10 +166,14 @@ class ReplicaState:
             return self.decoders.cached_blocks(seq)
         return seq.blocks
 
-    def crosses_block_next_step(self, rid: int) -> bool:
-        """Whether ``rid`` needs a new block in the next decode step."""
+    def decode_growth_blocks(self, rid: int, steps: int = 1) -> int:
+        """New blocks running request ``rid`` needs over the next ``steps`` decode steps."""
         seq = self.running[rid]
-        return self._reserve is None and seq.phase == DECODE and self.decoders.crosses_next(seq)
+        if self._reserve is not None or seq.phase != DECODE:
+            return 0
+        if steps == 1:
+            return int(self.decoders.crosses_next(seq))
+        return self.decoders.growth_blocks(seq, steps)
 
     # ------------------------------------------------------------------ engine API
     def enqueue(self, rid: int, now_s: float) -> None:
@@ -180,6 +198,8 @@ class ReplicaState:
         if status == WAITING:
             self._queue_changed(now_s, -1)
             self.outstanding_tokens -= int(self._prompt[rid]) + int(self._output[rid])
+            if self._last_event_s:
+                self._last_event_s.pop(rid, None)
         elif status == RUNNING:
             self._cancelled.append(rid)
 
@@ -187,11 +207,27 @@ class ReplicaState:
         """Apply a plan's preemptions, admissions and allocations; return the cost-model totals."""
         if plan.preempt:
             self._preempt(plan.preempt, now_s)
-        if plan.decode and self._reserve is None:
-            self.blocks.allocate(self.decoders.blocks_needed())
+        if plan.decode:
+            decoders = self.decoders
+            if self._reserve is None:
+                self.blocks.allocate(decoders.blocks_needed())
+            decodes, kv_tokens = decoders.count, decoders.kv_tokens  # admissions below do not decode yet
+        else:
+            decodes = kv_tokens = 0
         prefill_tokens = 0
         attention_work = 0.0
-        for rid, tokens in plan.prefill:
+        if plan.prefill:
+            prefill_tokens, attention_work = self._begin_prefills(plan.prefill, now_s)
+        if plan.charge_idle_slots:
+            decodes += self.idle_slots
+            kv_tokens += self.idle_slot_kv_tokens
+        return prefill_tokens, len(plan.prefill), attention_work, decodes, kv_tokens
+
+    def _begin_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> tuple[int, float]:
+        """Admit joiners, allocate the pieces' blocks; return (prefill tokens, attention work)."""
+        prefill_tokens = 0
+        attention_work = 0.0
+        for rid, tokens in pieces:
             seq = self.running[rid] if rid in self.running else self._admit(rid, now_s)
             if self._reserve is None:
                 grow = self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks
@@ -204,24 +240,22 @@ class ReplicaState:
                 f"bad prefill piece {rid}: {tokens}"
             )
         self.outstanding_tokens -= prefill_tokens
-        decodes, kv_tokens = (
-            (self.decoders.count, self.decoders.kv_tokens) if plan.decode else (0, 0)
-        )
-        if plan.charge_idle_slots:
-            decodes += self.idle_slots
-            kv_tokens += self.idle_slot_kv_tokens
-        return prefill_tokens, len(plan.prefill), attention_work, decodes, kv_tokens
+        return prefill_tokens, attention_work
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
         """Credit the pass that just ended at ``now_s``; return the requests it completed."""
         completed: list[int] = []
-        finished = []
+        finished = _NOTHING
         if plan.decode:
-            self.outstanding_tokens -= self.decoders.count
-            finished = self.decoders.advance()
-        if (
-            self._cancelled
-        ):  # after the step: a cancelled sequence gave back the block the step took
+            decoders = self.decoders
+            self.outstanding_tokens -= decoders.count
+            if self._cancelled:  # a cancelled request gets no tokens: the stream event waits for it to go
+                finished = decoders.advance()
+                self._drop_cancelled()  # after the step: it gave back the block the step took
+                decoders.event(now_s)
+            else:
+                finished = decoders.advance(now_s)  # the step and its stream event
+        elif self._cancelled:
             self._drop_cancelled()
         for seq in finished:
             if seq.phase == DECODE:
@@ -233,6 +267,73 @@ class ReplicaState:
         if self.idle_slots and not self.decoders.count and not self._prefilling:
             self._end_static_batch()
         return completed
+
+    # ------------------------------------------------------------------ multi-step blocks
+    def block_step(self) -> CostTotals:
+        """Inside a multi-step block: take the decode step just run, prepare the next one.
+
+        The block's passes are decided at its start (nothing can join or leave before its
+        end), so the worker may call this before their time has elapsed; what clients and
+        routers can see (completions, outstanding tokens) only changes in ``end_block``.
+        A request that got its last token parks: it keeps its slot and KV and is charged
+        as decoding at its final context (it stays in the batch tensors) until the end.
+        Returns the cost-model totals of the next pass.
+        """
+        decoders = self.decoders
+        self._block_tokens += decoders.count
+        for seq in decoders.advance():
+            self._park(seq)
+        self.blocks.allocate(decoders.blocks_needed())
+        seqs = decoders.count + self.idle_slots
+        return 0, 0, 0.0, seqs, decoders.kv_tokens + self.idle_slot_kv_tokens
+
+    def end_block(self, now_s: float) -> list[int]:
+        """The last pass of a multi-step block ended at ``now_s``: one stream event for all.
+
+        Returns the requests the block completed (all at ``now_s``, whichever step gave
+        them their last token); requests abandoned during the block are dropped now.
+        """
+        decoders = self.decoders
+        self.outstanding_tokens -= self._block_tokens + decoders.count
+        self._block_tokens = 0
+        finished = decoders.advance()
+        if self._cancelled:
+            self._drop_cancelled()
+        decoders.event(now_s)
+        completed: list[int] = []
+        for seq in finished:
+            if seq.phase == DECODE:
+                self._finish(seq, now_s, completed)
+        if self._parked:
+            self._unpark(now_s, completed)
+        return completed
+
+    def _park(self, seq: Seq) -> None:
+        seq.blocks = self.decoders.cached_blocks(seq)
+        seq.last_event_s = self.decoders.last_event_s(seq)
+        self._leave_phase(seq)
+        seq.phase = IDLE_SLOT
+        self.idle_slots += 1
+        self.idle_slot_kv_tokens += seq.prompt_tokens + seq.output_tokens
+        self._parked.append(seq)
+
+    def _unpark(self, now_s: float, completed: list[int]) -> None:
+        """Complete the parked requests at the block's end (abandoned ones just leave)."""
+        records = self._records
+        gaps: dict[float, int] = {}  # by when they last got tokens (mostly one entry)
+        for seq in self._parked:
+            if records.status[seq.rid] == RUNNING:
+                records.status[seq.rid] = COMPLETED
+                records.completion_s[seq.rid] = now_s
+                completed.append(seq.rid)
+                gaps[seq.last_event_s] = gaps.get(seq.last_event_s, 0) + 1
+            records.generated_tokens[seq.rid] = seq.output_tokens
+            self._remove(seq)
+        for last_s, count in gaps.items():
+            self._itl_add(now_s - last_s, count)
+        self._parked.clear()
+        self.idle_slots = 0
+        self.idle_slot_kv_tokens = 0
 
     # ------------------------------------------------------------------ transitions
     def _queue_changed(self, now_s: float, delta: int) -> None:
@@ -275,11 +376,15 @@ class ReplicaState:
         generated = seq.target_tokens - seq.prompt_tokens + 1
         if generated == 1:
             self._records.first_token_s[seq.rid] = now_s
+        elif self._last_event_s:  # a re-prefill after preemption: the stream resumes
+            last_s = self._last_event_s.pop(seq.rid, None)
+            if last_s is not None:
+                self._itl_add(now_s - last_s, 1)
         if generated >= seq.output_tokens:
             self._finish(seq, now_s, completed)
         else:
             self._prefilling.remove(seq)
-            self.decoders.add(seq)
+            self.decoders.add(seq, now_s)
 
     def _finish(self, seq: Seq, now_s: float, completed: list[int]) -> None:
         rid = seq.rid
@@ -309,6 +414,8 @@ class ReplicaState:
         seqs = [self.running[rid] for rid in victims]
         for seq in seqs:
             rid = seq.rid
+            if seq.phase == DECODE:  # its stream resumes with the token of its re-prefill
+                self._last_event_s[rid] = self.decoders.last_event_s(seq)
             records.generated_tokens[rid] = self._generated(seq)
             records.preemptions[rid] += 1
             self.outstanding_tokens += seq.prompt_tokens + seq.output_tokens - self._remaining(seq)
@@ -328,6 +435,8 @@ class ReplicaState:
             self._records.generated_tokens[rid] = self._generated(seq)
             self.outstanding_tokens -= self._remaining(seq)
             self._remove(seq)
+            if self._last_event_s:
+                self._last_event_s.pop(rid, None)
         self._cancelled.clear()
 
     def _remove(self, seq: Seq) -> None:

@@ -4,6 +4,14 @@ Loop: ask the policy for a plan, apply it to the replica state, charge the cost 
 for the pass, ``yield env.timeout(duration)``, credit the produced tokens, record the
 iteration. With nothing to run the worker sleeps until a request arrives (or until the
 time the policy asked to be woken, e.g. a static batch's max wait).
+
+A plan with ``steps`` = K > 1 is a multi-step block (vLLM ``--num-scheduler-steps``): K
+decode passes without asking the policy again. Nothing can join the batch before the
+block ends and client cancellations only take effect then, so all K passes are known when
+the block starts: the worker prices them all and waits once, for their summed duration
+(one SimPy event instead of K), then records one row per pass at its own start time.
+With an ``engine_cpu`` model each pass also pays the engine's CPU time
+(:mod:`sim.serving.cpu_time`).
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ from typing import Any, Protocol
 
 import simpy
 
+from sim.config import EngineCPUConfig
 from sim.metrics.records import IterationRecords
-from sim.policies.base import Policy
+from sim.policies.base import IterationPlan, Policy
 from sim.serving.clock import delay_until
-from sim.serving.state import ReplicaState
+from sim.serving.cpu_time import EngineCPUTime
+from sim.serving.state import CostTotals, ReplicaState
 
 
 class CostModelLike(Protocol):
@@ -45,6 +55,12 @@ class Worker:
         on_completed: called with the request ids each pass completed.
         on_iteration: called after every pass (progress reporting).
         audit_every: check the replica's invariants every this many passes (0: never).
+        engine_cpu: add this engine CPU-time model to every pass (None: the cost model's
+            time only; give it a cost model without CPU overhead).
+
+    Attributes:
+        scheduler_calls: scheduling steps: calls of ``policy.schedule`` that started a pass
+            (a block of K passes counts once; a plan with nothing to run does not count).
     """
 
     def __init__(
@@ -58,8 +74,10 @@ class Worker:
         on_completed: Callable[[list[int]], None],
         on_iteration: Callable[[], None],
         audit_every: int = 4096,
+        engine_cpu: EngineCPUConfig | None = None,
     ) -> None:
         self.state = state
+        self.scheduler_calls = 0
         self._env = env
         self._policy = policy
         self._cost = cost_model.time_from_totals_s
@@ -67,6 +85,7 @@ class Worker:
         self._on_completed = on_completed
         self._on_iteration = on_iteration
         self._audit_every = audit_every
+        self._cpu = EngineCPUTime.from_config(engine_cpu) if engine_cpu is not None else None
         self._wake: simpy.Event | None = None
 
     def wake(self) -> None:
@@ -76,8 +95,9 @@ class Worker:
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         """The SimPy process body."""
-        env, state, schedule, cost = self._env, self.state, self._policy.schedule, self._cost
+        env, state, schedule = self._env, self.state, self._policy.schedule
         record, index, blocks = self._iterations.append, state.index, state.blocks
+        price = self._cost if self._cpu is None else self._priced_first  # GPU (+ CPU) time of a step's first pass
         passes, last_end_s = 0, 0.0
         while True:
             start_s = env.now
@@ -93,11 +113,19 @@ class Worker:
                     )
                 yield from self._idle(plan.wake_at_s)
                 continue
+            self.scheduler_calls += 1
             totals = state.begin(plan, start_s)
             used_blocks = blocks.used_blocks
-            duration_s = cost(*totals)
+            duration_s = price(*totals)
             if not 0.0 <= duration_s < math.inf:
                 raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+            if plan.steps > 1:
+                before = passes
+                passes += yield from self._block(plan, start_s, totals, duration_s, used_blocks)
+                last_end_s = env.now
+                if self._audit_every and before // self._audit_every != passes // self._audit_every:
+                    state.audit()
+                continue
             yield env.timeout(duration_s)
             last_end_s = env.now
             completed = state.end(plan, last_end_s)
@@ -110,6 +138,48 @@ class Worker:
             if self._audit_every and passes % self._audit_every == 0:
                 state.audit()
             self._on_iteration()
+
+    def _priced_first(self, *totals: Any) -> float:
+        return self._priced(totals, first_of_step=True)
+
+    def _priced(self, totals: CostTotals, *, first_of_step: bool) -> float:
+        """GPU time from the cost model plus the engine CPU-time model."""
+        assert self._cpu is not None
+        return self._cpu.pass_time_s(self._cost(*totals), totals[1] + totals[3], first_of_step=first_of_step)
+
+    def _block(
+        self, plan: IterationPlan, start_s: float, totals: CostTotals, duration_s: float, used_blocks: int
+    ) -> Generator[simpy.Event, Any, int]:
+        """Run a multi-step block whose first pass ``state.begin`` already applied; return its passes.
+
+        All passes are priced up front (nothing outside the block can change them), then
+        one timeout covers them. Pass starts are summed one by one, as K consecutive
+        timeouts would place them; the block ends exactly at the last pass's end
+        (``delay_until``), where requests complete and receive their K tokens.
+        """
+        if plan.prefill or not plan.decode:
+            raise RuntimeError(f"replica {self.state.index}: a multi-step plan must be a pure decode plan")
+        state, cost, cpu = self.state, self._cost, self._cpu
+        passes = [(start_s, duration_s, totals, used_blocks)]
+        end_s = start_s + duration_s
+        for _ in range(plan.steps - 1):
+            totals = state.block_step()
+            duration_s = cost(*totals) if cpu is None else self._priced(totals, first_of_step=False)
+            if not 0.0 <= duration_s < math.inf:
+                raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+            passes.append((end_s, duration_s, totals, state.blocks.used_blocks))
+            end_s += duration_s
+        env = self._env
+        yield env.timeout(delay_until(env.now, end_s))
+        completed = state.end_block(env.now)
+        record, index = self._iterations.append, state.index
+        for pass_start_s, pass_s, (prefill, _, _, decodes, _), used in passes:
+            record(index, pass_start_s, pass_s, decodes, prefill, decodes, used)
+        if completed:
+            self._on_completed(completed)
+        for _ in passes:
+            self._on_iteration()
+        return len(passes)
 
     def _idle(self, wake_at_s: float | None) -> Generator[simpy.Event, Any, None]:
         env = self._env

@@ -1,0 +1,154 @@
+"""Inter-token latency (ITL): gaps between consecutive stream events of a request.
+
+As in vLLM's ``benchmark_serving``, the ITL of a streamed request is the time between two
+consecutive chunks it receives: after its first token (TTFT), each decode pass, or each
+block of ``num_scheduler_steps`` passes (one chunk of K tokens), or the re-prefill that
+resumes it after a preemption. All requests that receive tokens at one event and had
+their previous tokens at the same earlier event share one gap, so the engine records
+weighted gaps ``(gap_s, count)``: O(1) entries per event, however large the batch (the
+common one, members that had the previous event too, costs 8 bytes: the event's time).
+
+Statistics are those of the expanded multiset (each gap repeated ``count`` times), with
+the percentile convention of :func:`sim.metrics.summary.percentile` (numpy's linear
+interpolation), computed without expanding it.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+ITL_COLUMNS: tuple[str, ...] = ("gap_s", "count")
+"""Columns of ``SimOutput.itl``."""
+
+ITL_PERCENTILES: tuple[int, ...] = (50, 90, 99)
+
+
+class ITLRecorder:
+    """Weighted gaps of one run (all replicas).
+
+    Two kinds of entries: single ``add(gap_s, count)`` calls, and per decode group an
+    :class:`EventStream` of its stream events (8 bytes per event: the veterans' gap is the
+    time since the previous event, their count changes only when members come and go).
+    """
+
+    def __init__(self) -> None:
+        self._new_buffers()
+
+    def _new_buffers(self) -> None:
+        self._gaps = array("d")
+        self._counts = array("i")
+        self._streams: list[EventStream] = []
+
+    def __len__(self) -> int:
+        """Entries recorded so far (events without veterans included)."""
+        return len(self._gaps) + sum(len(stream.times) + len(stream.gaps) for stream in self._streams)
+
+    def add(self, gap_s: float, count: int) -> None:
+        """``count`` requests received tokens ``gap_s`` after their previous ones."""
+        self._gaps.append(gap_s)
+        self._counts.append(count)
+
+    def new_stream(self) -> EventStream:
+        """A stream for one decode group's events, included in :meth:`to_frame`."""
+        stream = EventStream()
+        self._streams.append(stream)
+        return stream
+
+    def to_frame(self) -> pd.DataFrame:
+        """The gaps as a DataFrame (``ITL_COLUMNS``: float64 gap_s, int64 count >= 1).
+
+        Rows are grouped by source, not in time order. The recorder is emptied.
+        """
+        parts = [(np.frombuffer(self._gaps, dtype=np.float64), np.frombuffer(self._counts, dtype=np.int32))]
+        parts += [stream.gaps_and_counts() for stream in self._streams]
+        self._new_buffers()
+        gaps = np.concatenate([gap for gap, _ in parts])
+        counts = np.concatenate([count for _, count in parts]).astype(np.int64)
+        keep = counts > 0
+        return pd.DataFrame({"gap_s": gaps[keep], "count": counts[keep]}, copy=False)
+
+
+class EventStream:
+    """The stream events of one decode group, appended to directly by it (hot path).
+
+    Attributes:
+        times: every event's time, in order.
+        run_starts, run_counts: the veterans (members that had the previous event too)
+            per event, as runs: from event ``run_starts[j]`` on, ``run_counts[j]`` of them
+            share the gap since the previous event (before the first run: none).
+        gaps, counts: other weighted gaps (members that joined since the previous event).
+    """
+
+    def __init__(self) -> None:
+        self.times = array("d")
+        self.run_starts = array("q")
+        self.run_counts = array("i")
+        self.gaps = array("d")
+        self.counts = array("i")
+
+    def gaps_and_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """All weighted gaps: per event the veterans' gap since the previous event (the
+        first: since t = 0) and their count, then the other entries."""
+        times = np.frombuffer(self.times, dtype=np.float64)
+        starts = np.frombuffer(self.run_starts, dtype=np.int64)
+        veterans = np.zeros(len(times), dtype=np.int32)
+        if len(starts):
+            lengths = np.diff(starts, append=len(times))
+            veterans[starts[0] :] = np.repeat(np.frombuffer(self.run_counts, dtype=np.int32), lengths)
+        gaps = np.concatenate([np.diff(times, prepend=0.0), np.frombuffer(self.gaps, dtype=np.float64)])
+        return gaps, np.concatenate([veterans, np.frombuffer(self.counts, dtype=np.int32)])
+
+
+def empty_itl_frame() -> pd.DataFrame:
+    """An ITL table without rows (a run that streamed no second token)."""
+    return pd.DataFrame({"gap_s": np.zeros(0), "count": np.zeros(0, dtype=np.int64)})
+
+
+def itl_stats(gaps: np.ndarray | pd.Series, counts: np.ndarray | pd.Series) -> dict[str, float]:
+    """Mean and percentiles of the gaps, each weighted by its count.
+
+    Equal to ``np.mean`` (up to summation rounding) and, exactly, to
+    ``np.percentile(np.repeat(gaps, counts), q)`` for q in 50, 90, 99. NaN when no
+    gap has a positive count.
+
+    Returns:
+        ``itl_mean_s``, ``itl_p50_s``, ``itl_p90_s``, ``itl_p99_s``.
+    """
+    values = np.asarray(gaps, dtype=np.float64)
+    weights = np.asarray(counts, dtype=np.int64)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    keys = ["itl_mean_s"] + [f"itl_p{q}_s" for q in ITL_PERCENTILES]
+    if not values.size:
+        return dict.fromkeys(keys, float("nan"))
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(weights[order])
+    stats = [float(np.dot(values, weights[order]) / ends[-1])]
+    stats += [weighted_percentile(values, ends, q) for q in ITL_PERCENTILES]
+    return dict(zip(keys, stats, strict=True))
+
+
+def weighted_percentile(sorted_values: np.ndarray, cum_counts: np.ndarray, q: float) -> float:
+    """numpy's linear-interpolation percentile of the expanded multiset, without expanding.
+
+    Args:
+        sorted_values: distinct or repeated values, ascending.
+        cum_counts: running total of their counts (positive), same length.
+        q: percentile in [0, 100].
+
+    The same floating-point steps as ``np.percentile(..., method="linear")``: virtual
+    index h = (n - 1) x q / 100, neighbours at floor(h) and floor(h) + 1, and numpy's
+    two-sided lerp, so the result is bit-identical.
+    """
+    n = int(cum_counts[-1])
+    h = (n - 1) * float(np.true_divide(q, 100))
+    if h >= n - 1:
+        return float(sorted_values[-1])
+    lo = int(np.floor(h))
+    gamma = h - lo
+    a, b = (float(v) for v in sorted_values[np.searchsorted(cum_counts, [lo, lo + 1], side="right")])
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
