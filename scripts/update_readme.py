@@ -2,7 +2,8 @@
 
 Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``schema`` (the scenario field reference), ``quickstart`` (results/quickstart/summary.md)
-and ``speedup`` (the table of results/batching_speedup.md). ``--check`` exits 1 when the
+``speedup`` (the table of results/batching_speedup.md) and ``validation``
+(results/validation/vllm-0.6.0-burst.md). ``--check`` exits 1 when the
 README is stale; tests/test_readme.py runs that check.
 
     python scripts/update_readme.py [--check]
@@ -31,6 +32,7 @@ def blocks() -> dict[str, str]:
         "schema": schema_markdown().strip(),
         "quickstart": _table_only((results / "quickstart" / "summary.md").read_text()),
         "speedup": _table_only((results / "batching_speedup.md").read_text()),
+        "validation": _table_only((results / "validation" / "vllm-0.6.0-burst.md").read_text()),
     }
 
 

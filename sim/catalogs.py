@@ -11,11 +11,11 @@ from sim.errors import UserError
 
 
 def catalog_lines(what: str) -> list[str]:
-    """Human-readable lines for one catalog: models, gpus, policies, arrivals, lengths or traces."""
+    """Human-readable lines for one catalog: models, gpus, policies, presets, arrivals, lengths or traces."""
     listers = {
         "models": _models, "gpus": _gpus, "policies": _policies,
         "arrivals": lambda: _union_lines(config.Arrival), "lengths": lambda: _union_lines(config.Length),
-        "traces": _traces,
+        "traces": _traces, "presets": _presets,
     }
     if what not in listers:
         raise UserError(f"list: unknown catalog '{what}'; allowed: {', '.join(listers)}")
@@ -48,6 +48,12 @@ def _policies() -> list[str]:
 
     configs = {cls.model_fields["kind"].default: cls for cls in _members(config.PolicyConfig)}
     return [f"{kind:<16} {(configs[kind].__doc__ or '').strip()}" for kind in POLICIES]
+
+
+def _presets() -> list[str]:
+    from sim.presets import preset_lines
+
+    return preset_lines()
 
 
 def _traces() -> list[str]:

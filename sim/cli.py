@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -102,6 +103,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="output folder (default: results/<name>/); replaced only if empty or written by batchsim")
     p.add_argument("--policy", action="append", default=None, metavar="NAME", help="run only this policy (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--summary-only", action="store_true",
+                   help="keep and write only the summary (one policy's records in memory at a time; no "
+                        "requests.csv, iterations.csv or plots): for runs of millions of requests")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -115,7 +119,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenario = load_from_args(args)
     out_dir = Path(args.out) if args.out else Path("results") / scenario.name
     check_output_dir(out_dir)  # before simulating: a bad --out must not cost a long run
-    result = run(scenario, policies=args.policy, progress=not args.quiet)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
+    for warning in caught:  # one plain line each (estimates before a large run, an empty warm-up window)
+        print(f"warning: {warning.message}", file=sys.stderr)
     result.save(out_dir, plots=not args.no_plots)
     if not args.quiet:
         facts = result.facts
@@ -135,10 +143,11 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate the schema and resolve hardware, memory and workload."""
-    from sim.runner import resolve
+    from sim.runner import check_servable, resolve
 
     scenario = load_from_args(args)
     resolved = resolve(scenario)
+    check_servable(resolved, scenario.policies)
     facts = resolved.facts()
     print(f"{args.file}: ok — {len(scenario.policies)} policies, {facts['requests']} requests, "
           f"KV {facts['kv_blocks_per_replica']} blocks/replica, cost model {facts['cost_model']}")
@@ -161,8 +170,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _add_list(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list models, gpus, policies or arrivals")
-    p.add_argument("what", choices=["models", "gpus", "policies", "arrivals", "lengths", "traces"])
+    p = sub.add_parser("list", help="list models, gpus, policies, presets, arrivals, lengths or traces")
+    p.add_argument("what", choices=["models", "gpus", "policies", "presets", "arrivals", "lengths", "traces"])
     p.set_defaults(handler=cmd_list)
 
 

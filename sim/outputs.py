@@ -315,7 +315,7 @@ def save_result(result: RunResult, out_dir: Path, *, plots: bool = True) -> Path
     """
     with atomic_folder(out_dir, (RUN_OUTPUT,)) as tmp:
         write_tables(result, tmp)
-        if plots:
+        if plots and not result.summary_only:
             write_plots(result, tmp)
     return out_dir
 
@@ -326,10 +326,11 @@ def write_tables(result: RunResult, folder: Path) -> None:
 
     result.summary.to_csv(folder / "summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     (folder / "summary.md").write_text(_summary_md(result, summary_markdown))
-    result.requests.to_csv(folder / "requests.csv", index=False, float_format=CSV_FLOAT_FORMAT)
-    iterations, every = sample_iterations(result.iterations, result.scenario.metrics.max_iteration_rows)
-    iterations.to_csv(folder / "iterations.csv", index=False, float_format=CSV_FLOAT_FORMAT)
-    (folder / RESOLVED_YAML).write_text(resolved_yaml(result, iterations_every=every))
+    if not result.summary_only:  # --summary-only: the records were never kept
+        result.requests.to_csv(folder / "requests.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+        # Already every k-th pass per policy, sampled in memory (k: facts["iterations_every"]).
+        result.iterations.to_csv(folder / "iterations.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+    (folder / RESOLVED_YAML).write_text(resolved_yaml(result))
 
 
 def _summary_md(result: RunResult, render: Callable[[pd.DataFrame], str]) -> str:
@@ -342,20 +343,14 @@ def _summary_md(result: RunResult, render: Callable[[pd.DataFrame], str]) -> str
     return head + render(result.summary) + "\n"
 
 
-def sample_iterations(iterations: pd.DataFrame, max_rows: int) -> tuple[pd.DataFrame, int]:
-    """Every k-th row so at most ``max_rows`` remain; returns the rows and k (1 = all kept)."""
-    every = max(1, -(-len(iterations) // max_rows))
-    return (iterations.iloc[::every], every) if every > 1 else (iterations, 1)
-
-
-def resolved_yaml(result: RunResult, *, iterations_every: int = 1) -> str:
+def resolved_yaml(result: RunResult) -> str:
     """The scenario with every default filled in, plus seed, version and derived facts."""
     from sim import __version__
 
     document: dict[str, Any] = {
         "batchsim_version": __version__,
         "seed": result.seed,
-        "derived": dict(result.facts, iterations_csv_every=iterations_every),
+        "derived": dict(result.facts),
         "scenario": scenario_to_dict(result.scenario),
     }
     return yaml.safe_dump(document, sort_keys=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.checks import check_arrival_span, check_context_window, check_policies_fit, warmup_warning
 from sim.config import Scenario
 from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
@@ -43,6 +45,35 @@ class ResolvedScenario:
     kv: KVBudget
     cost_model: CostModel
     stream: RequestStream
+    max_model_len: int = 0
+    over_length: np.ndarray | None = None
+    """Requests longer than ``max_model_len``, refused when sent (``over_length: reject``); None: none."""
+    gpu_cost_model: CostModel | None = None
+    """The cost model without CPU time, for policies with their own ``engine_cpu`` model."""
+
+    def kv_for(self, policy: Any) -> KVBudget:
+        """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization."""
+        utilization = getattr(policy, "gpu_memory_utilization", None)
+        if utilization is None or self.kv.pinned:
+            return self.kv
+        return _kv_budget(self.scenario, self.model, self.gpu, utilization)
+
+    def engine_kwargs(self, policy: Any) -> dict[str, Any]:
+        """Everything :func:`sim.serving.engine.simulate` needs beyond the stream and the policy."""
+        scenario, kv, engine_cpu = self.scenario, self.kv_for(policy), getattr(policy, "engine_cpu", None)
+        return {
+            "cost_model": self.gpu_cost_model if engine_cpu is not None else self.cost_model,
+            "kv_blocks": kv.num_blocks,
+            "block_size": kv.block_size,
+            "replicas": scenario.replicas,
+            "router": scenario.router,
+            "client": scenario.client,
+            "admission": scenario.admission,
+            "seed": scenario.seed,
+            "refuse": self.over_length,
+            "engine_cpu": engine_cpu,
+            "frontend": scenario.frontend,
+        }
 
     @property
     def num_gpus(self) -> int:
@@ -128,26 +159,61 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     """Look up hardware, size the KV cache, load the cost model and draw the request stream.
 
     Raises:
-        UserError: unknown model/GPU, the model does not fit, or a workload file is missing or corrupt.
-        (Whether each request fits the KV cache depends on the policy; the engine checks that.)
+        UserError: unknown model/GPU, the model does not fit, a workload file is missing or corrupt,
+            or a request is longer than the context window (unless ``over_length: reject``).
+            Whether each request fits the KV cache depends on the policy: :func:`check_servable`.
     """
     model = get_model(scenario.model)
     gpu = get_gpu(scenario.gpu)
+    kv = _kv_budget(scenario, model, gpu, scenario.memory.gpu_memory_utilization)
+    for policy in scenario.policies:  # a policy's own memory share must fit the model too
+        if getattr(policy, "gpu_memory_utilization", None) is not None:
+            _kv_budget(scenario, model, gpu, policy.gpu_memory_utilization)
+    cost_model = load_cost_model(
+        scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+    )
+    gpu_cost_model = None
+    if any(getattr(p, "engine_cpu", None) is not None for p in scenario.policies):
+        gpu_cost_model = load_cost_model(scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=False)
+    stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
+    check_arrival_span(stream)
+    max_len, source = _context_window(scenario, model)
+    over = check_context_window(stream, max_len, scenario.over_length, source)
+    return ResolvedScenario(
+        scenario, model, gpu, kv, cost_model, stream, max_len, over if over.any() else None, gpu_cost_model
+    )
+
+
+def _kv_budget(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, utilization: float) -> KVBudget:
     memory = scenario.memory
-    kv = kv_budget(
+    return kv_budget(
         model,
         gpu,
         scenario.tensor_parallel,
-        gpu_memory_utilization=memory.gpu_memory_utilization,
+        gpu_memory_utilization=utilization,
         block_size=memory.block_size,
         activation_reserve_gb=memory.activation_reserve_gb,
         kv_blocks=memory.kv_blocks,
     )
-    cost_model = load_cost_model(
-        scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
-    )
-    stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
-    return ResolvedScenario(scenario, model, gpu, kv, cost_model, stream)
+
+
+def _context_window(scenario: Scenario, model: ModelSpec) -> tuple[int, str]:
+    if scenario.max_model_len is None:
+        return model.max_positions, f"{model.name}'s context window"
+    if scenario.max_model_len > model.max_positions:
+        raise UserError(
+            f"max_model_len = {scenario.max_model_len}: longer than {model.name}'s context window "
+            f"({model.max_positions} positions)",
+            field="max_model_len",
+        )
+    return scenario.max_model_len, "max_model_len"
+
+
+def check_servable(resolved: ResolvedScenario, policies: Sequence[Any]) -> None:
+    """Raise UserError unless every request fits one replica's KV cache under each of ``policies``."""
+    for policy in policies:
+        kv = resolved.kv_for(policy)
+        check_policies_fit(resolved.stream, [policy], kv.num_blocks, kv.block_size, resolved.over_length)
 
 
 def run(
@@ -178,6 +244,7 @@ def run(
         scenario = load_scenario(scenario)
     selected = select_policies(scenario, policies)
     resolved = resolve(scenario)
+    check_servable(resolved, selected)
     warn_if_large(resolved, selected, summary_only=summary_only)
     factory = _progress_factory(progress)
     started = time.perf_counter()
@@ -191,7 +258,11 @@ def run(
         for k, p in enumerate(selected, start=1)
     }
     runtime_s = time.perf_counter() - started
-    return _assemble(resolved, per_policy, runtime_s, summary_only=summary_only)
+    result = _assemble(resolved, per_policy, runtime_s, summary_only=summary_only)
+    message = warmup_warning(scenario.metrics.warmup_s, result.summary)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return result
 
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any]:
@@ -210,22 +281,9 @@ def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any
 def _simulate_policy(
     resolved: ResolvedScenario, policy: Any, factory: Callable[..., Any] | None, *, index: int, count: int
 ) -> Any:
-    scenario = resolved.scenario
     callback = factory(policy.name, len(resolved.stream), index=index, count=count) if factory else None
     try:
-        return simulate(
-            resolved.stream,
-            policy,
-            resolved.cost_model,
-            kv_blocks=resolved.kv.num_blocks,
-            block_size=resolved.kv.block_size,
-            replicas=scenario.replicas,
-            router=scenario.router,
-            client=scenario.client,
-            admission=scenario.admission,
-            seed=scenario.seed,
-            progress=callback,
-        )
+        return simulate(resolved.stream, policy, progress=callback, **resolved.engine_kwargs(policy))
     finally:
         close = getattr(callback, "close", None)
         if close:
@@ -256,6 +314,7 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         slo=scenario.slo,
         gpu_hour_usd=scenario.gpu_hour_usd,
         replicas=scenario.replicas,
+        itl=out.itl,
     )
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         return _Kept(row, out.requests.iloc[:0].copy(), out.iterations.iloc[:0].copy(), 0)

@@ -7,6 +7,7 @@ the field path, the value and what is allowed (with a "did you mean" for typos).
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -34,15 +35,56 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"scenario file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    raw = parse_yaml(read_text_file(path), path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a scenario must be a YAML mapping, got {type(raw).__name__}")
     scenario = scenario_from_dict(raw, overrides)
     scenario._base_dir = str(path.resolve().parent)
     return scenario
+
+
+def read_text_file(path: Path) -> str:
+    """A text file's content as UTF-8 (a BOM is allowed); UserError naming the encoding problem otherwise."""
+    data = path.read_bytes()
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise UserError(f"{path}: the file is UTF-16; save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); save it as UTF-8"
+        ) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate mapping keys (plain YAML keeps the last one silently)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def parse_yaml(text: str, path: Path | str = "<string>") -> Any:
+    """Parse YAML text, refusing duplicate keys; UserError with the line on any problem."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
 def scenario_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Scenario:
@@ -145,14 +187,31 @@ def _deep_copy(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- errors
-def format_validation_error(exc: ValidationError, limit: int = 5) -> str:
-    """Turn pydantic's errors into short lines: ``field.path = value: problem``."""
-    lines = [_format_one(err) for err in exc.errors()[:limit]]
-    more = len(exc.errors()) - limit
-    if more > 0:
-        lines.append(f"(and {more} more)")
-    head = "invalid scenario: " if len(lines) == 1 else "invalid scenario:\n  "
-    return head + "\n  ".join(lines)
+def format_validation_error(exc: ValidationError, limit: int = 3) -> str:
+    """Pydantic's errors as ONE line: ``invalid scenario: field.path = value: problem; ...``.
+
+    Unknown keys (with their "did you mean") come first, and a "required field is missing"
+    that such a typo explains (``rat:`` for ``rate:``) is left out: it is the same mistake.
+    """
+    errors = _explained_errors(exc.errors())
+    lines = [_format_one(err) for err in errors[:limit]]
+    more = len(errors) - limit
+    text = "invalid scenario: " + "; ".join(lines)
+    return text + (f" (and {more} more)" if more > 0 else "")
+
+
+def _explained_errors(errors: list[Any]) -> list[Any]:
+    typos = [err for err in errors if err["type"] == "extra_forbidden"]
+    rest = [err for err in errors if err["type"] != "extra_forbidden"]
+    hinted = set()
+    for err in typos:
+        loc, model = _clean_location(tuple(err["loc"]))
+        allowed = sorted(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        if close:
+            hinted.add((*loc[:-1], close[0]))
+    rest = [err for err in rest if not (err["type"] == "missing" and _clean_location(tuple(err["loc"]))[0] in hinted)]
+    return typos + rest
 
 
 def _format_one(err: Any) -> str:

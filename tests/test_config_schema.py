@@ -48,7 +48,7 @@ def test_every_shipped_scenario_validates(path: Path) -> None:
     ("override", "must_mention"),
     [
         ({"workload.arrival.rat": 2}, ["workload.arrival.rat", "did you mean 'rate'"]),
-        ({"workload.arrival.rate": -1}, ["workload.arrival.rate", "-1", "greater than 0"]),
+        ({"workload.arrival.rate": -1}, ["workload.arrival.rate", "-1", "greater than or equal to"]),
         ({"workload.arrival.kind": "poison"}, ["workload.arrival.kind", "poison", "did you mean 'poisson'"]),
         ({"policies[s].max_batch_size": "many"}, ["policies[0].max_batch_size", "'many'", "integer"]),
         ({"policies[c].kind": "orca"}, ["policies[1].kind", "orca", "continuous"]),

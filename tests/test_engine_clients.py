@@ -69,9 +69,11 @@ def test_full_queue_rejects_and_retries_back_off_exponentially():
 def test_rejection_without_retries_is_final_at_once():
     stream = make_stream(np.zeros(3), 10, 4)
     req = simulate(
-        stream, CONTINUOUS, LinearCost(0.01), admission=AdmissionConfig(max_queue=0), **KV
+        stream, CONTINUOUS, LinearCost(0.01), admission=AdmissionConfig(max_queue=1), **KV
     ).requests
-    assert (req["status"] == "rejected").all() and np.all(req["completion_s"] == 0.0)
+    # All sent at t=0 before the worker's first pass: the first one fills the queue.
+    assert req["status"].tolist() == ["completed", "rejected", "rejected"]
+    assert np.all(req["completion_s"][1:] == 0.0) and np.all(req["retries"] == 0)
 
 
 def test_closed_loop_sends_the_next_request_a_think_time_after_each_end():

@@ -3,7 +3,8 @@
 Every request ends exactly once; completed ones generated exactly their output tokens;
 KV never exceeds the budget; a replica's passes never overlap or go back in time; no
 first token comes before arrival + the request's own prefill time; token totals of the
-iteration rows add up to the requests' lengths.
+iteration rows add up to the requests' lengths. Also with multi-step scheduling (paged,
+1..12 steps) and the engine CPU-time model.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sim.config import (
     ChunkedPrefillPolicyConfig,
     ClientConfig,
     ContinuousPolicyConfig,
+    EngineCPUConfig,
     PagedPolicyConfig,
     StaticPolicyConfig,
 )
@@ -29,7 +31,7 @@ COST = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
 EPS = 1e-9
 
 
-def _policy(kind: str, mbs: int, knob: int, pad: bool):
+def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1):
     if kind == "static":
         return StaticPolicyConfig(
             name=kind, max_batch_size=mbs, max_wait_s=knob / 100, pad_finished=pad
@@ -37,7 +39,9 @@ def _policy(kind: str, mbs: int, knob: int, pad: bool):
     if kind == "continuous":
         return ContinuousPolicyConfig(name=kind, max_batch_size=mbs)
     if kind == "paged":
-        return PagedPolicyConfig(name=kind, max_batch_size=mbs, max_num_batched_tokens=knob)
+        return PagedPolicyConfig(
+            name=kind, max_batch_size=mbs, max_num_batched_tokens=knob, num_scheduler_steps=steps
+        )
     return ChunkedPrefillPolicyConfig(name=kind, max_batch_size=mbs, chunk_size=knob)
 
 
@@ -53,7 +57,8 @@ def runs(draw):
         closed, arrival = ClosedLoop(draw(st.integers(1, 4)), think), np.full(n, np.nan)
     stream = make_stream(arrival, prompt, output, closed_loop=closed)
     kind = draw(st.sampled_from(["static", "continuous", "paged", "chunked_prefill"]))
-    policy = _policy(kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()))
+    steps = draw(st.one_of(st.just(1), st.integers(2, 12)))
+    policy = _policy(kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()), steps)
     block_size = draw(st.sampled_from([1, 4, 16]))
     # From the least KV that lets every request run alone (tight: preemption) upwards.
     if kind in ("paged", "chunked_prefill"):
@@ -66,7 +71,7 @@ def runs(draw):
         client = ClientConfig(
             timeout_s=draw(st.floats(0.05, 4)), max_retries=draw(st.integers(0, 3)), backoff_s=0.03
         )
-    admission = AdmissionConfig(max_queue=draw(st.integers(0, 5))) if draw(st.booleans()) else None
+    admission = AdmissionConfig(max_queue=draw(st.integers(1, 5))) if draw(st.booleans()) else None
     kwargs = dict(
         kv_blocks=kv_blocks,
         block_size=block_size,
@@ -75,8 +80,19 @@ def runs(draw):
         client=client,
         admission=admission,
         seed=draw(st.integers(0, 3)),
+        # Over max_model_len: refused on sight (HTTP 400), never routed, never retried.
+        refuse=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))) if draw(st.booleans()) else None,
+        engine_cpu=_engine_cpu(draw) if draw(st.booleans()) else None,
     )
     return stream, policy, kwargs
+
+
+def _engine_cpu(draw) -> EngineCPUConfig:
+    times = st.sampled_from([0.0, 0.5, 3.0])
+    return EngineCPUConfig(
+        step_ms=draw(times), step_us_per_seq=draw(times) * 100, pass_ms=draw(times),
+        pass_us_per_seq=draw(times) * 10, overlap_step=draw(st.booleans()),
+    )  # fmt: skip
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,6 +115,9 @@ def test_every_request_ends_once_and_the_books_balance(case):
             event(status)
     if req["preemptions"].sum():
         event(f"{policy.kind} preempted")
+    if getattr(policy, "num_scheduler_steps", 1) > 1:
+        event("multi-step")
+    _check_itl(out.itl, req, engine.records.generated_tokens, getattr(policy, "num_scheduler_steps", 1))
 
 
 def _check_endings(engine, stream, req, kwargs) -> None:
@@ -108,15 +127,18 @@ def _check_endings(engine, stream, req, kwargs) -> None:
     generated = engine.records.generated_tokens
     assert np.array_equal(generated[done], stream.output_tokens[done])
     assert np.all(generated <= stream.output_tokens)
+    refused = kwargs["refuse"] if kwargs["refuse"] is not None else np.zeros(len(stream), bool)
+    assert (req["status"][refused] == "rejected").all() and req["first_scheduled_s"][refused].isna().all()
+    assert np.all(req["retries"][refused] == 0) and np.all(generated[refused] == 0)
     if kwargs["client"] is None and kwargs["admission"] is None:
-        assert done.all()
+        assert done[~refused].all()
     timed_out = (req["status"] == "timed_out").to_numpy()
     if timed_out.any():  # abandoned exactly at first send + timeout
         waited = req["completion_s"][timed_out] - req["arrival_s"][timed_out]
         assert np.allclose(waited, kwargs["client"].timeout_s, atol=1e-9)
     rejected = (req["status"] == "rejected").to_numpy()
     max_retries = kwargs["client"].max_retries if kwargs["client"] else 0
-    assert np.all(req["retries"][rejected] == max_retries)
+    assert np.all(req["retries"][rejected & ~refused] == max_retries)
     assert np.all(req["retries"] <= max_retries)
 
 
@@ -159,7 +181,8 @@ def _check_token_totals(stream, req, it, policy) -> None:
     """Each prompt token is computed once and each later output token decoded once, unless
     preemption recomputes or a client abandons work part-way."""
     all_done = bool((req["status"] == "completed").all())
-    padded = policy.kind == "static" and policy.pad_finished
+    # Static padding, and multi-step blocks charging requests that finished inside them.
+    padded = (policy.kind == "static" and policy.pad_finished) or getattr(policy, "num_scheduler_steps", 1) > 1
     prefill, decode = int(it["prefill_tokens"].sum()), int(it["decode_tokens"].sum())
     if all_done and req["preemptions"].sum() == 0:
         assert prefill == int(stream.prompt_tokens.sum())
@@ -167,6 +190,16 @@ def _check_token_totals(stream, req, it, policy) -> None:
         assert decode >= want_decode if padded else decode == want_decode
     elif all_done:
         assert prefill > int(stream.prompt_tokens.sum())
+
+
+def _check_itl(itl: pd.DataFrame, req, generated: np.ndarray, steps: int) -> None:
+    """Inter-token gaps: one per stream event after a request's first token, each event
+    carrying at least one token (exactly one without multi-step)."""
+    assert np.all(itl["count"] > 0) and np.all(itl["gap_s"] >= -EPS)
+    events, later_tokens = int(itl["count"].sum()), int(np.maximum(generated - 1, 0).sum())
+    assert events <= later_tokens
+    if steps == 1 and (req["status"] == "completed").all():
+        assert events == later_tokens
 
 
 def _check_client_concurrency(req, clients: int) -> None:

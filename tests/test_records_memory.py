@@ -110,6 +110,7 @@ def test_summary_is_that_of_the_unsampled_records(
             num_gpus=scenario.replicas,
             slo=scenario.slo,
             replicas=scenario.replicas,
+            itl=out.itl,
         )
         assert list(row) == list(expected)
         for column, value in expected.items():

@@ -120,6 +120,14 @@ def kv_budget(
     available = _available_bytes(
         model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb
     )
+    if per_token <= available < per_token * block_size:
+        fits = available // per_token
+        raise UserError(
+            f"memory.block_size = {block_size}: one block of {block_size} tokens takes "
+            f"{per_token * block_size / GIB:.2f} GiB of KV, more than the {available / GIB:.2f} GiB left for "
+            f"the KV cache ({fits} tokens); use a block_size <= {fits} (vLLM uses 16)",
+            field="memory.block_size",
+        )
     if available < per_token * block_size:
         _raise_does_not_fit(
             model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb

@@ -14,14 +14,14 @@ from array import array
 import numpy as np
 import pandas as pd
 
-# Request status codes (int8 column). The first four are in flight; the last three are final.
-UNSENT, WAITING, RUNNING, BACKOFF, COMPLETED, TIMED_OUT, REJECTED = range(7)
+# Request status codes (int8 column). The first five are in flight; the last three are final.
+UNSENT, WAITING, RUNNING, BACKOFF, FRONTEND, COMPLETED, TIMED_OUT, REJECTED = range(8)
 FINAL_STATUSES: tuple[str, ...] = ("completed", "timed_out", "rejected")
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "status",
     "first_scheduled_s", "first_token_s", "completion_s", "queue_delay_s", "ttft_s", "tpot_s",
-    "e2e_s", "norm_latency_s", "preemptions", "retries",
+    "e2e_s", "norm_latency_s", "preemptions", "retries", "frontend_s",
 )  # fmt: skip
 """Columns of ``SimOutput.requests``, in order."""
 
@@ -50,6 +50,7 @@ class RequestRecords:
         self.first_token_s = np.full(n, np.nan)
         self.completion_s = np.full(n, np.nan)
         self.enqueued_s = np.full(n, np.nan)  # last time it joined a queue (send or preemption)
+        self.frontend_done_s = np.full(n, np.nan)  # when the API front end first handed it to the engine
         self.status = np.zeros(n, dtype=np.int8)
         self.preemptions = np.zeros(n, dtype=np.int32)
         self.retries = np.zeros(n, dtype=np.int32)
@@ -99,6 +100,7 @@ class RequestRecords:
                 "norm_latency_s": e2e_s / n_out,
                 "preemptions": self.preemptions,
                 "retries": self.retries,
+                "frontend_s": self.frontend_done_s - self.arrival_s,
             },
             copy=False,
         )

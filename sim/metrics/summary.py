@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLOConfig
+from sim.metrics.itl import itl_stats
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "scenario", "policy", "requests", "completed", "duration_s", "throughput_rps",
@@ -31,6 +32,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "ttft_mean_s", "tpot_mean_s", "tpot_p90_s", "e2e_max_s",
     "queue_mean_s", "queue_p90_s", "queue_p99_s", "kv_mean_frac",
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
+    "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -82,6 +84,7 @@ def summarize_run(
     slo: SLOConfig | None = None,
     gpu_hour_usd: float | None = None,
     replicas: int | None = None,
+    itl: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Summarize one policy run into one ``summary.csv`` row.
 
@@ -98,6 +101,8 @@ def summarize_run(
         slo: latency bounds; without it ``slo_attainment`` and ``goodput_rps`` are NaN.
         gpu_hour_usd: price of one GPU-hour; without it ``requests_per_usd`` is NaN.
         replicas: GPU workers; default: distinct ``replica`` ids in ``iterations``.
+        itl: the run's inter-token gaps as (gap_s, count) rows (``SimOutput.itl``); without it
+            the ITL columns are NaN. Every stream event counts, warm-up included.
 
     Returns:
         A dict with exactly the keys ``SUMMARY_COLUMNS + EXTRA_COLUMNS``, in that order.
@@ -121,7 +126,16 @@ def summarize_run(
     row |= _gpu_stats(iterations, duration_s, workers)
     goodput_window_s = end_s - max(start_s, warmup_s)
     row |= _slo_stats(requests.loc[post_warmup, _SLO_COLUMNS], slo, goodput_window_s)
+    row["frontend_p50_s"] = _frontend_p50(requests, post_warmup)
+    row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
+
+
+def _frontend_p50(requests: pd.DataFrame, post_warmup: np.ndarray) -> float:
+    """Median time in the API front end (NaN without a front end or an older requests table)."""
+    if "frontend_s" not in requests:
+        return float("nan")
+    return percentile(_finite(requests["frontend_s"].to_numpy()[post_warmup]), 50)
 
 
 def summarize(

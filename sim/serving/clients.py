@@ -15,11 +15,13 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
+import numpy as np
 import simpy
 
-from sim.config import AdmissionConfig, ClientConfig
-from sim.metrics.records import BACKOFF, COMPLETED, REJECTED, TIMED_OUT, RequestRecords
+from sim.config import AdmissionConfig, ClientConfig, FrontendConfig
+from sim.metrics.records import BACKOFF, COMPLETED, FRONTEND, REJECTED, TIMED_OUT, RequestRecords
 from sim.serving.clock import delay_until
+from sim.serving.frontend import FrontEnd
 from sim.serving.router import Router
 from sim.serving.state import ReplicaState
 from sim.workload.stream import RequestStream
@@ -37,6 +39,9 @@ class Clients:
         route: the router.
         client: timeouts and retries (None: patient clients, no retries).
         admission: queue limit (None: unbounded).
+        refuse: per request, True when the server refuses it on sight (longer than
+            max_model_len: HTTP 400, never retried).
+        frontend: the API server every send passes before the router (None: none).
     """
 
     def __init__(
@@ -49,6 +54,9 @@ class Clients:
         route: Router,
         client: ClientConfig | None,
         admission: AdmissionConfig | None,
+        *,
+        refuse: np.ndarray | None = None,
+        frontend: FrontendConfig | None = None,
     ) -> None:
         self.finished = 0
         self._env = env
@@ -61,6 +69,8 @@ class Clients:
         self._max_retries = client.max_retries if client else 0
         self._backoff_s = client.backoff_s if client else 0.0
         self._max_queue = admission.max_queue if admission else None
+        self._refuse = refuse if refuse is not None and refuse.any() else None
+        self._frontend = FrontEnd(env, frontend, stream.prompt_tokens, self._handed_over) if frontend else None
         self._next_unsent = 0
         self._to_send: deque[int] = deque()
         self._sending = False
@@ -106,8 +116,28 @@ class Clients:
 
     def _first_send(self, rid: int) -> None:
         self._records.arrival_s[rid] = self._env.now
+        if self._refuse is not None and self._refuse[rid]:
+            self._records.status[rid] = REJECTED
+            self._records.completion_s[rid] = self._env.now
+            self._ended(rid)
+            return
         if self._timeout_s is not None:
             self._later(self._timeout_s, self._deadline, rid)
+        self._through_frontend(rid)
+
+    def _through_frontend(self, rid: int) -> None:
+        if self._frontend is None:
+            self._deliver(rid)
+            return
+        self._records.status[rid] = FRONTEND
+        self._frontend.submit(rid)
+
+    def _handed_over(self, rid: int) -> None:
+        records = self._records
+        if records.status[rid] != FRONTEND:  # the client gave up while the server parsed it
+            return
+        if records.frontend_done_s[rid] != records.frontend_done_s[rid]:  # NaN: the first hand-off
+            records.frontend_done_s[rid] = self._env.now
         self._deliver(rid)
 
     def _deliver(self, rid: int) -> None:
@@ -135,7 +165,7 @@ class Clients:
 
     def _retry(self, rid: int) -> None:
         if self._records.status[rid] == BACKOFF:  # else it timed out while backing off
-            self._deliver(rid)
+            self._through_frontend(rid)  # a retry is a new HTTP request
 
     # ------------------------------------------------------------------ endings
     def _deadline(self, rid: int) -> None:
@@ -143,7 +173,7 @@ class Clients:
         status = records.status[rid]
         if status >= COMPLETED:
             return
-        if status == BACKOFF:
+        if status in (BACKOFF, FRONTEND):  # not at a replica: nothing to cancel there
             records.status[rid] = TIMED_OUT
             records.completion_s[rid] = self._env.now
         else:

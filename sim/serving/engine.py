@@ -10,15 +10,17 @@ iteration tables. Semantics, metric definitions and modelling assumptions are in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from sim.config import AdmissionConfig, ClientConfig
+from sim.checks import check_requests_fit
+from sim.config import AdmissionConfig, ClientConfig, EngineCPUConfig, FrontendConfig
 from sim.errors import UserError
+from sim.metrics.itl import ITLRecorder, empty_itl_frame
 from sim.metrics.records import IterationRecords, RequestRecords
 from sim.policies import make_policy
 from sim.policies.base import Policy
@@ -42,10 +44,14 @@ class SimOutput:
             ``sim.metrics.records.REQUEST_COLUMNS``).
         iterations: one row per forward pass, all of them, by start time (columns
             ``sim.metrics.records.ITERATION_COLUMNS``).
+        itl: inter-token gaps between consecutive stream events of a request, weighted
+            (columns ``sim.metrics.itl.ITL_COLUMNS``: gap_s, count); statistics with
+            ``sim.metrics.itl.itl_stats(itl["gap_s"], itl["count"])``.
     """
 
     requests: pd.DataFrame
     iterations: pd.DataFrame
+    itl: pd.DataFrame = field(default_factory=empty_itl_frame)
 
 
 def simulate(
@@ -61,6 +67,9 @@ def simulate(
     admission: AdmissionConfig | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
+    refuse: np.ndarray | None = None,
+    engine_cpu: EngineCPUConfig | None = None,
+    frontend: FrontendConfig | None = None,
 ) -> SimOutput:
     """Simulate serving ``stream`` under one batching policy.
 
@@ -77,6 +86,12 @@ def simulate(
         seed: seeds the ``"router"`` stream (random router).
         progress: called as ``progress(sim_time_s, finished_requests)`` every few
             thousand forward passes and once at the end.
+        refuse: requests the server refuses when they are sent (True: rejected, e.g. longer
+            than max_model_len, HTTP 400); they never reach a replica and are not retried.
+        frontend: the API front end every send passes before the router (None: none).
+        engine_cpu: the engine CPU-time model added to every pass (a policy's
+            ``engine_cpu``); then ``cost_model`` should price GPU time only
+            (``load_cost_model(..., cpu_overhead=False)``). None: the cost model's time only.
 
     Returns:
         SimOutput with the requests and iterations tables.
@@ -97,6 +112,9 @@ def simulate(
         admission=admission,
         seed=seed,
         progress=progress,
+        refuse=refuse,
+        frontend=frontend,
+        engine_cpu=engine_cpu,
     )
     return engine.run()
 
@@ -124,14 +142,18 @@ class Engine:
         seed: int = 0,
         progress: ProgressCallback | None = None,
         audit_every: int = 4096,
+        refuse: np.ndarray | None = None,
+        engine_cpu: EngineCPUConfig | None = None,
+        frontend: FrontendConfig | None = None,
     ) -> None:
         _check_sizes(kv_blocks, block_size, replicas, cost_model)
         self.policy: Policy = make_policy(policy)
-        _check_requests_fit(stream, self.policy, kv_blocks, block_size)
+        check_requests_fit(stream, self.policy.memory, kv_blocks, block_size, refuse)
         self.stream = stream
         self.env = simpy.Environment()
         self.records = RequestRecords(len(stream))
         self.iterations = IterationRecords()
+        self.itl = ITLRecorder()
         self.kv_blocks = kv_blocks
         reserve = stream.max_output_tokens if self.policy.memory == "reserve" else None
         self.states = [
@@ -143,6 +165,7 @@ class Engine:
                 BlockAllocator(kv_blocks, block_size),
                 reserve_output_tokens=reserve,
                 holds_slots=self.policy.holds_slots,
+                itl=self.itl,
             )
             for i in range(replicas)
         ]
@@ -155,6 +178,8 @@ class Engine:
             make_router(router, self.states, seed),
             client,
             admission,
+            refuse=refuse,
+            frontend=frontend,
         )
         self.workers = [
             Worker(
@@ -166,6 +191,7 @@ class Engine:
                 on_completed=self.clients.completed,
                 on_iteration=self._tick,
                 audit_every=audit_every,
+                engine_cpu=engine_cpu,
             )
             for state in self.states
         ]
@@ -182,7 +208,7 @@ class Engine:
         if self._progress is not None:
             self._progress(self.env.now, self.clients.finished)
         requests = self.records.to_frame(self.stream.prompt_tokens, self.stream.output_tokens)
-        return SimOutput(requests, self.iterations.to_frame(self.kv_blocks))
+        return SimOutput(requests, self.iterations.to_frame(self.kv_blocks), self.itl.to_frame())
 
     def _wake(self, replica: int) -> None:
         self.workers[replica].wake()
@@ -221,31 +247,4 @@ def _check_sizes(kv_blocks: int, block_size: int, replicas: int, cost_model: Any
     if not callable(getattr(cost_model, "time_from_totals_s", None)):
         raise UserError(
             f"cost model {type(cost_model).__name__} has no time_from_totals_s(...) method"
-        )
-
-
-def _check_requests_fit(
-    stream: RequestStream, policy: Policy, kv_blocks: int, block_size: int
-) -> None:
-    """Refuse a request that could not run even alone on an empty replica (never admitted)."""
-    if not len(stream):
-        return
-    prompt = stream.prompt_tokens.astype(np.int64)
-    if policy.memory == "reserve":
-        tokens = prompt + stream.max_output_tokens  # reserved at admission
-        what = f"prompt + max_output_tokens ({stream.max_output_tokens}), reserved at admission"
-    else:
-        tokens = (
-            prompt + stream.output_tokens.astype(np.int64) - 1
-        )  # cached at its last decode step
-        what = "prompt + output tokens - 1 (its KV at its last step)"
-    worst = int(np.argmax(tokens))
-    needed_blocks = -(-int(tokens[worst]) // block_size)
-    if needed_blocks > kv_blocks:
-        raise UserError(
-            f"request {worst} needs {int(tokens[worst])} tokens of KV ({what}) = {needed_blocks} "
-            f"blocks of {block_size}, but kv_blocks is {kv_blocks}; raise memory.kv_blocks / "
-            "GPU memory (tensor_parallel, memory.gpu_memory_utilization), or lower "
-            "workload.max_output_tokens / the length clamps",
-            field="workload",
         )
