@@ -21,6 +21,7 @@ from sim.config import (
     ClientConfig,
     ContinuousPolicyConfig,
     EngineCPUConfig,
+    FrontendConfig,
     PagedPolicyConfig,
     StaticPolicyConfig,
 )
@@ -31,7 +32,7 @@ COST = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
 EPS = 1e-9
 
 
-def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1):
+def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1, allocate: str = "chunk"):
     if kind == "static":
         return StaticPolicyConfig(
             name=kind, max_batch_size=mbs, max_wait_s=knob / 100, pad_finished=pad
@@ -42,7 +43,7 @@ def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1):
         return PagedPolicyConfig(
             name=kind, max_batch_size=mbs, max_num_batched_tokens=knob, num_scheduler_steps=steps
         )
-    return ChunkedPrefillPolicyConfig(name=kind, max_batch_size=mbs, chunk_size=knob)
+    return ChunkedPrefillPolicyConfig(name=kind, max_batch_size=mbs, chunk_size=knob, allocate=allocate)
 
 
 @st.composite
@@ -58,7 +59,8 @@ def runs(draw):
     stream = make_stream(arrival, prompt, output, closed_loop=closed)
     kind = draw(st.sampled_from(["static", "continuous", "paged", "chunked_prefill"]))
     steps = draw(st.one_of(st.just(1), st.integers(2, 12)))
-    policy = _policy(kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()), steps)
+    allocate = draw(st.sampled_from(["chunk", "prompt"]))
+    policy = _policy(kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()), steps, allocate)
     block_size = draw(st.sampled_from([1, 4, 16]))
     # From the least KV that lets every request run alone (tight: preemption) upwards.
     if kind in ("paged", "chunked_prefill"):
@@ -83,8 +85,17 @@ def runs(draw):
         # Over max_model_len: refused on sight (HTTP 400), never routed, never retried.
         refuse=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))) if draw(st.booleans()) else None,
         engine_cpu=_engine_cpu(draw) if draw(st.booleans()) else None,
+        frontend=_frontend(draw) if draw(st.booleans()) else None,
     )
     return stream, policy, kwargs
+
+
+def _frontend(draw) -> FrontendConfig:
+    return FrontendConfig(
+        per_request_ms=draw(st.sampled_from([0.0, 1.0, 20.0])), per_prompt_token_us=draw(st.sampled_from([0.0, 50.0])),
+        workers=draw(st.integers(1, 3)), startup_ms=draw(st.sampled_from([0.0, 100.0])),
+        discipline=draw(st.sampled_from(["event_loop", "fifo"])),
+    )  # fmt: skip
 
 
 def _engine_cpu(draw) -> EngineCPUConfig:

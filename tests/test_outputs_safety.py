@@ -284,11 +284,11 @@ def test_progress_on_a_terminal_honours_delay_and_throttles_frames() -> None:
     assert quiet.getvalue() == ""
 
     shown = FakeTerminal()
-    bar = RunProgress(file=shown, delay_s=0)("vllm", 50_000, index=2, count=3)
+    bar = RunProgress(file=shown, delay_s=0)("vllm-v0", 50_000, index=2, count=3)
     for done in range(50_000):
         bar(float(done), done)
     bar.close()
-    assert "vllm 2/3" in shown.getvalue() and "left" in shown.getvalue()
+    assert "vllm-v0 2/3" in shown.getvalue() and "left" in shown.getvalue()
     assert 1 <= shown.getvalue().count("\r") < 100  # tqdm's mininterval, not one frame per call
 
 
@@ -299,7 +299,7 @@ def test_factories_get_policy_position_when_they_accept_it() -> None:
     def positional(policy: str, total: int, *, index: int, count: int) -> None:
         seen.append((policy, total, index, count))
 
-    sim.run(scenario, policies=["static", "vllm"], progress=positional)
-    sim.run(scenario, policies=["vllm"], progress=lambda policy, total: seen.append((policy, total)))
+    sim.run(scenario, policies=["static", "vllm-v0"], progress=positional)
+    sim.run(scenario, policies=["vllm-v0"], progress=lambda policy, total: seen.append((policy, total)))
 
-    assert seen == [("static", 30, 1, 2), ("vllm", 30, 2, 2), ("vllm", 30)]
+    assert seen == [("static", 30, 1, 2), ("vllm-v0", 30, 2, 2), ("vllm-v0", 30)]

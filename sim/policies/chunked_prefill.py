@@ -39,6 +39,9 @@ class ChunkedPrefillPolicy(Policy):
     def __init__(self, config: ChunkedPrefillPolicyConfig) -> None:
         self.chunk_size = config.chunk_size
         self.max_running = min(config.max_batch_size, config.chunk_size)
+        # Sarathi-Serve and vLLM v0 chunked prefill reserve the whole prompt at admission; vLLM v1
+        # allocates per computed chunk (the engine's allocator does either; the policy only says which).
+        self.allocates_whole_prompt = config.allocate == "prompt"
 
     def schedule(self, view: SchedulerView) -> IterationPlan:
         """Decodes first, then chunks for running, then for waiting requests, within the budget."""

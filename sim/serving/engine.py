@@ -165,6 +165,7 @@ class Engine:
                 BlockAllocator(kv_blocks, block_size),
                 reserve_output_tokens=reserve,
                 holds_slots=self.policy.holds_slots,
+                whole_prompt=getattr(self.policy, "allocates_whole_prompt", False),
                 itl=self.itl,
             )
             for i in range(replicas)

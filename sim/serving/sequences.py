@@ -244,7 +244,7 @@ class DecodeGroup:
         The completed ones are still members; the caller removes them. With ``event_s``
         the members also receive their tokens then (a stream event, as :meth:`event`).
         """
-        self.step += 1
+        self.step = step = self.step + 1
         self.kv_tokens += self.count
         if event_s is not None:  # event() inlined: this runs once per decode pass
             if self.veterans != self._run_veterans:
@@ -254,10 +254,10 @@ class DecodeGroup:
                 self._flush_joiners(event_s)
             self.veterans = self.count
             self.event_s = event_s
-            self.event_step = self.step
+            self.event_step = step
         heap = self._finish_heap
         finished: list[Seq] = []
-        while heap and heap[0][0] <= self.step:
+        while heap and heap[0][0] <= step:
             _, _, seq = heapq.heappop(heap)
             if seq.phase == DECODE:  # else a stale entry of a sequence that already left
                 finished.append(seq)

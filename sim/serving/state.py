@@ -43,6 +43,9 @@ class ReplicaState:
         reserve_output_tokens: reserve KV for prompt + this many tokens at admission
             (static, continuous); None for paged allocation as tokens are computed.
         holds_slots: finished sequences keep their slot and KV until the batch is done.
+        whole_prompt: paged memory, but a request's whole prompt (plus tokens it generated
+            before a preemption) is allocated when it is admitted, not chunk by chunk
+            (Sarathi-Serve, vLLM v0 chunked prefill).
         itl: where inter-token gaps go (shared by the replicas of a run; default: a private one).
     """
 
@@ -56,6 +59,7 @@ class ReplicaState:
         *,
         reserve_output_tokens: int | None,
         holds_slots: bool = False,
+        whole_prompt: bool = False,
         itl: ITLRecorder | None = None,
     ) -> None:
         self.index = index
@@ -76,6 +80,7 @@ class ReplicaState:
         self._output = output_tokens
         self._reserve = reserve_output_tokens
         self._holds_slots = holds_slots
+        self._whole_prompt = whole_prompt and reserve_output_tokens is None
         self._waiting: deque[int] = deque()
         self._order: list[tuple[float, int]] = []
         self._prefilling: list[Seq] = []
@@ -144,6 +149,8 @@ class ReplicaState:
         """Blocks a queued request takes to start computing ``tokens`` tokens."""
         if self._reserve is not None:
             return self.blocks.blocks_for(int(self._prompt[rid]) + self._reserve)
+        if self._whole_prompt:
+            return self.blocks.blocks_for(self.tokens_to_prefill(rid))
         return self.blocks.blocks_for(tokens)
 
     def extension_blocks(self, rid: int, tokens: int) -> int:
@@ -151,7 +158,7 @@ class ReplicaState:
         if self._reserve is not None:
             return 0
         seq = self.running[rid]
-        return self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks
+        return max(0, self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks)
 
     def decode_blocks_needed(self, steps: int = 1) -> int:
         """New blocks the next ``steps`` decode steps need (each request stops at its last token)."""
@@ -230,7 +237,7 @@ class ReplicaState:
         for rid, tokens in pieces:
             seq = self.running[rid] if rid in self.running else self._admit(rid, now_s)
             if self._reserve is None:
-                grow = self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks
+                grow = max(0, self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks)
                 self.blocks.allocate(grow)
                 seq.blocks += grow
             attention_work += tokens * (seq.computed_tokens + tokens / 2)
@@ -365,6 +372,9 @@ class ReplicaState:
         )
         if self._reserve is not None:
             seq.blocks = self.blocks.blocks_for(seq.prompt_tokens + self._reserve)
+            self.blocks.allocate(seq.blocks)
+        elif self._whole_prompt:
+            seq.blocks = self.blocks.blocks_for(seq.target_tokens)
             self.blocks.allocate(seq.blocks)
         self.running[rid] = seq
         insort(self._order, key)
