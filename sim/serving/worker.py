@@ -95,9 +95,11 @@ class Worker:
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         """The SimPy process body."""
+        # Everything the loop touches is bound to a local: it runs once per forward pass.
         env, state, schedule = self._env, self.state, self._policy.schedule
         record, index, blocks = self._iterations.append, state.index, state.blocks
         price = self._cost if self._cpu is None else self._priced_first  # GPU (+ CPU) time of a step's first pass
+        audit_every, on_iteration, inf = self._audit_every, self._on_iteration, math.inf
         passes, last_end_s = 0, 0.0
         while True:
             start_s = env.now
@@ -106,7 +108,7 @@ class Worker:
                     f"replica {index}: time went back from {last_end_s} to {start_s}"
                 )
             plan = schedule(state.view(start_s))
-            if not plan.has_work:
+            if not (plan.prefill or plan.decode):  # not plan.has_work, without the call
                 if state.running_count:
                     raise RuntimeError(
                         f"replica {index}: nothing planned, {state.running_count} running"
@@ -117,13 +119,13 @@ class Worker:
             totals = state.begin(plan, start_s)
             used_blocks = blocks.used_blocks
             duration_s = price(*totals)
-            if not 0.0 <= duration_s < math.inf:
+            if not 0.0 <= duration_s < inf:
                 raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
             if plan.steps > 1:
                 before = passes
                 passes += yield from self._block(plan, start_s, totals, duration_s, used_blocks)
                 last_end_s = env.now
-                if self._audit_every and before // self._audit_every != passes // self._audit_every:
+                if audit_every and before // audit_every != passes // audit_every:
                     state.audit()
                 continue
             yield env.timeout(duration_s)
@@ -135,9 +137,9 @@ class Worker:
             if completed:
                 self._on_completed(completed)
             passes += 1
-            if self._audit_every and passes % self._audit_every == 0:
+            if audit_every and passes % audit_every == 0:
                 state.audit()
-            self._on_iteration()
+            on_iteration()
 
     def _priced_first(self, *totals: Any) -> float:
         return self._priced(totals, first_of_step=True)
