@@ -162,7 +162,7 @@ def test_missing_profiles_are_a_user_error(tmp_path: Path) -> None:
 
 def test_calibrating_an_unprofiled_gpu_or_model_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="roofline"):
-        calibrate(ProfileSet(tmp_path), "llama-2-7b", "h100-sxm", 1)
+        calibrate(ProfileSet(tmp_path), "llama-2-7b", "h200", 1)
     with pytest.raises(UserError, match="no A100 profile"):
         calibrate(ProfileSet(tmp_path), "mistral-7b", "a100-80gb", 1)
 
