@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.hardware import calibrate
+from sim.hardware import calibrate, gpu_calibrate
 from sim.hardware.profiles import ProfileSet
 
 DEFAULT_PROFILES = "../shared/profiles"
@@ -119,7 +119,10 @@ def _run_gpu(profiles: ProfileSet, gpu: str, args: argparse.Namespace) -> None:
     if gpu == calibrate.PROFILED_GPU:
         roof = calibrate.fit_roofline_file(profiles)
         path = calibrate.CALIBRATION_DIR / calibrate.ROOFLINE_FILE
-        print(f"wrote {calibrate.write_yaml(roof, path)}")
+    else:
+        roof = gpu_calibrate.fit_gpu_roofline_file(profiles.root, gpu)
+        path = calibrate.CALIBRATION_DIR / gpu_calibrate.roofline_file_name(gpu)
+    print(f"wrote {calibrate.write_yaml(roof, path)}")
     kept, skipped = calibrate.committed_configs(profiles, gpu)
     for line in skipped:
         print(line)
