@@ -6,7 +6,6 @@ skip with a reason where it is absent; the rest check the committed files alone.
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from sim.hardware.calibrate import (
     read_yaml,
 )
 from sim.hardware.profiles import MLP_PROFILES, ProfileSet
+
+from fakes import assert_nested_close as _assert_close
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"
@@ -73,21 +74,6 @@ def test_linear_time_is_the_profile_median_at_profiled_counts(model: str, tp: in
     # ...and elsewhere the level of the slowest smaller count, never below the median.
     np.testing.assert_allclose(got_ms, envelope, rtol=0, atol=1e-5)
     assert exact.mean() > 0.4
-
-
-def _assert_close(committed: object, refit: object, path: str = "") -> None:
-    if isinstance(committed, dict):
-        assert isinstance(refit, dict) and set(committed) == set(refit), path
-        for key in committed:
-            _assert_close(committed[key], refit[key], f"{path}.{key}")
-    elif isinstance(committed, list):
-        assert isinstance(refit, list) and len(committed) == len(refit), path
-        for i, (a, b) in enumerate(zip(committed, refit, strict=True)):
-            _assert_close(a, b, f"{path}[{i}]")
-    elif isinstance(committed, float) or isinstance(refit, float):
-        assert math.isclose(float(committed), float(refit), rel_tol=1e-4, abs_tol=1e-9), path  # type: ignore[arg-type]
-    else:
-        assert committed == refit, path
 
 
 @needs_shared

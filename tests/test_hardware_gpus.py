@@ -19,7 +19,7 @@ from sim.hardware.gpu_calibrate import fit_gpu_roofline_file, roofline_file_name
 from sim.hardware.memory import kv_budget
 from sim.hardware.profiles import ProfileSet
 
-from tests.test_hardware_calibration import _assert_close
+from fakes import assert_nested_close as _assert_close
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"
