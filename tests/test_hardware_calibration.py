@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fakes import assert_nested_close as _assert_close
 
 from sim.errors import UserError
 from sim.hardware import cost_model, get_model, load_cost_model
@@ -25,8 +26,6 @@ from sim.hardware.calibrate import (
     read_yaml,
 )
 from sim.hardware.profiles import MLP_PROFILES, ProfileSet
-
-from fakes import assert_nested_close as _assert_close
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"

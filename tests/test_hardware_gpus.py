@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import assert_nested_close as _assert_close
 
 from sim.errors import UserError
 from sim.hardware import get_gpu, get_model, load_cost_model
@@ -18,8 +19,6 @@ from sim.hardware.cost_model import calibrated_configs
 from sim.hardware.gpu_calibrate import fit_gpu_roofline_file, roofline_file_name
 from sim.hardware.memory import kv_budget
 from sim.hardware.profiles import ProfileSet
-
-from fakes import assert_nested_close as _assert_close
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"
@@ -55,9 +54,7 @@ def test_committed_gpu_calibration_matches_refit(model: str, gpu: str, tp: int) 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a40"])
 def test_committed_set_is_every_profiled_pair_that_fits(gpu: str) -> None:
     kept, skipped = committed_configs(ProfileSet(PROFILES), gpu)
-    assert sorted((m, g, t) for m, t in kept for g in [gpu]) == sorted(
-        c for c in NEW_GPU_CONFIGS if c[1] == gpu
-    )
+    assert sorted((m, g, t) for m, t in kept for g in [gpu]) == sorted(c for c in NEW_GPU_CONFIGS if c[1] == gpu)
     assert skipped and all("does not fit" in line for line in skipped)
 
 

@@ -19,8 +19,8 @@ from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, calibration_f
 from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.fitting import DECODE_TERMS, PREFILL_TERMS
-from sim.hardware.profiles import LICENCE
 from sim.hardware.gpu_calibrate import roofline_file_name
+from sim.hardware.profiles import LICENCE
 from sim.hardware.transfer import label_for, roofline_calibration
 
 COMPONENTS = (

@@ -16,6 +16,8 @@ attention and engine CPU time only on A100-80GB. So a calibration of those GPUs 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from sim.errors import UserError
@@ -34,7 +36,7 @@ CPU_REUSE_NOTE = (
 )
 
 
-def _gemm_ms(profiles: ProfileSet, model: str) -> "tuple[float, float]":
+def _gemm_ms(profiles: ProfileSet, model: str) -> tuple[float, float]:
     rows = profiles.mlp(model)
     rows = rows[rows["tp"] == 1].sort_values("tokens")
     gemm = rows[list(GEMM_OPS)].sum(axis=1).to_numpy(float)
@@ -94,12 +96,10 @@ def fit_problem(model: ModelSpec, gpu: str, tp: int) -> str | None:
 
 def scaled_attention(
     reference: dict, model: ModelSpec, tp: int, ratios: dict
-) -> "tuple[dict[str, float], dict[str, float]]":
+) -> tuple[dict[str, float], dict[str, float]]:
     """The A100 reference attention fit at this geometry, times the measured ratios."""
     a100 = get_gpu(fitting.REFERENCE_GPU)
-    dec, pre = fitting.scale_attention(
-        reference["decode"], reference["prefill"], model, tp, a100
-    )
+    dec, pre = fitting.scale_attention(reference["decode"], reference["prefill"], model, tp, a100)
     bw, fl = ratios["bandwidth"], ratios["flops"]
     dec = {
         "launch_ms": dec["launch_ms"],
@@ -120,7 +120,7 @@ def roofline_file_name(gpu: str) -> str:
     return f"{gpu}_roofline.yaml"
 
 
-def _all_reduce_curves(profiles: ProfileSet, tp_degrees: "tuple[int, ...]") -> dict:
+def _all_reduce_curves(profiles: ProfileSet, tp_degrees: tuple[int, ...]) -> dict:
     from sim.hardware.calibrate import _all_reduce_section  # one fit for both file kinds
 
     curves = {}
@@ -151,16 +151,15 @@ def cross_gpu_error(gpu_profiles: ProfileSet, a100_profiles: ProfileSet) -> dict
     return summary
 
 
-def fit_gpu_roofline_file(root: "str | object", gpu: str) -> dict:
+def fit_gpu_roofline_file(root: str | Path, gpu: str) -> dict:
     """The transfer file of a non-A100 profiled GPU: its own efficiencies, measured
     attention ratios, its all-reduce curves, the A100 CPU curves, leave-one-model-out
     and A100 -> this GPU cross-prediction errors."""
     from sim.hardware import calibrate, roofline
 
-    profiles, a100 = ProfileSet(root, gpu), ProfileSet(root)  # type: ignore[arg-type]
+    profiles, a100 = ProfileSet(root, gpu), ProfileSet(root)
     tables = profiles.all_mlp(extra=True)
     spec = get_gpu(gpu)
-    reference = calibrate.reference_attention(a100)
     a100_roof = calibrate.fit_roofline_file(a100)
     return {
         "format": "batchsim-roofline/1",
@@ -172,11 +171,13 @@ def fit_gpu_roofline_file(root: "str | object", gpu: str) -> dict:
         "attention_ratios": {
             "note": "measured time multipliers of this GPU vs A100 (TP1 linear-op GEMMs, median "
             "over models): bandwidth at 1 token, flops at 4096 tokens",
-            **{k: (round(v, 5) if isinstance(v, float) else v) for k, v in measured_time_ratios(profiles, a100).items()},
+            **{
+                k: (round(v, 5) if isinstance(v, float) else v) for k, v in measured_time_ratios(profiles, a100).items()
+            },
         },
         "all_reduce": {
-            "note": f"{gpu}: " + ("DGX H100 NVSwitch NCCL profile" if gpu == "h100-sxm"
-                                  else "PCIe ring roofline, not profiled"),
+            "note": f"{gpu}: "
+            + ("DGX H100 NVSwitch NCCL profile" if gpu == "h100-sxm" else "PCIe ring roofline, not profiled"),
             "curves": _all_reduce_curves(profiles, (2, 4, 8)),
         },
         "cpu_overhead": {"note": CPU_REUSE_NOTE, "curves": a100_roof["cpu_overhead"]["curves"]},
