@@ -29,8 +29,12 @@ def _models() -> list[str]:
     calibrated = calibrated_configs()
     lines = []
     for name, m in MODELS.items():
-        tps = sorted(tp for (model, gpu, tp) in calibrated if model == name)
-        label = f"calibrated on a100-80gb at TP {','.join(map(str, tps))}" if tps else "roofline transfer"
+        per_gpu: dict[str, list[int]] = {}
+        for model, gpu, tp in calibrated:
+            if model == name:
+                per_gpu.setdefault(gpu, []).append(tp)
+        label = "; ".join(f"calibrated on {gpu} at TP {','.join(map(str, sorted(tps)))}"
+                          for gpu, tps in per_gpu.items()) or "roofline transfer"
         lines.append(f"{name:<16} {m.hf_name:<36} {m.num_params / 1e9:6.1f}B params, "
                      f"{m.num_layers} layers, {m.num_kv_heads}/{m.num_q_heads} KV/Q heads — {label}")
     return lines
@@ -40,7 +44,25 @@ def _gpus() -> list[str]:
     from sim.hardware.catalog import GPUS
 
     return [f"{name:<12} {g.peak_bf16_tflops:7.0f} TFLOP/s bf16, {g.hbm_gb_per_s:6.0f} GB/s HBM, "
-            f"{g.memory_gb:5.0f} GiB" for name, g in GPUS.items()]
+            f"{g.memory_gb:5.0f} GiB, {g.interconnect} — {_gpu_cost_model(name)}"
+            for name, g in GPUS.items()]
+
+
+def _gpu_cost_model(gpu: str) -> str:
+    """How ``gpu`` is priced, with the error bar of an uncalibrated (roofline) GPU: the
+    A100 roofline's cross-prediction error on the profiled non-A100 GPUs."""
+    from sim.hardware.calibrate import CALIBRATION_DIR, read_yaml
+    from sim.hardware.cost_model import calibrated_configs
+    from sim.hardware.gpu_calibrate import roofline_file_name
+
+    count = sum(1 for _, g, _ in calibrated_configs() if g == gpu)
+    if count:
+        return f"{count} calibrations, other models transferred from its profiles"
+    cross = [read_yaml(p)["cross_gpu_from_a100"]["mape"]
+             for p in sorted(CALIBRATION_DIR.glob("*_roofline.yaml"))
+             if p.name != roofline_file_name("a100-80gb")]
+    bar = f" (A100 roofline vs measured on profiled GPUs: MAPE {min(cross):.0%}-{max(cross):.0%})" if cross else ""
+    return f"uncalibrated (roofline){bar}"
 
 
 def _policies() -> list[str]:

@@ -1,6 +1,9 @@
-"""Shared test doubles: cost models with exactly known iteration times, and small streams."""
+"""Shared test doubles: cost models with exactly known iteration times, small streams, and a
+nested comparison of calibration files with their refits."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -64,3 +67,19 @@ def poisson_arrivals(rate: float, n: int, seed: int) -> np.ndarray:
     """n Poisson arrival times at ``rate`` per second (test-local RNG)."""
     rng = np.random.default_rng(seed)
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def assert_nested_close(committed: object, refit: object, path: str = "") -> None:
+    """Equal structure, floats within 1e-4 relative (a committed file vs its refit)."""
+    if isinstance(committed, dict):
+        assert isinstance(refit, dict) and set(committed) == set(refit), path
+        for key in committed:
+            assert_nested_close(committed[key], refit[key], f"{path}.{key}")
+    elif isinstance(committed, list):
+        assert isinstance(refit, list) and len(committed) == len(refit), path
+        for i, (a, b) in enumerate(zip(committed, refit, strict=True)):
+            assert_nested_close(a, b, f"{path}[{i}]")
+    elif isinstance(committed, float) or isinstance(refit, float):
+        assert math.isclose(float(committed), float(refit), rel_tol=1e-4, abs_tol=1e-9), path  # type: ignore[arg-type]
+    else:
+        assert committed == refit, path

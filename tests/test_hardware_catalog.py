@@ -24,7 +24,7 @@ PUBLISHED_PARAMS_B = {
 
 def test_catalog_has_required_models_and_gpus() -> None:
     assert set(PUBLISHED_PARAMS_B) <= set(MODELS)
-    assert {"a100-80gb", "a100-40gb", "h100-sxm", "h200"} <= set(GPUS)
+    assert {"a100-80gb", "a100-40gb", "h100-sxm", "h200", "a40", "l40s"} <= set(GPUS)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS_B))
@@ -36,7 +36,10 @@ def test_parameter_count_matches_model_card(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_shapes_are_consistent(name: str) -> None:
     m = get_model(name)
-    assert m.head_dim * m.num_q_heads == m.hidden_size
+    if m.explicit_head_dim:  # config.json's head_dim (Mistral-Nemo): q width != hidden
+        assert m.head_dim == m.explicit_head_dim
+    else:
+        assert m.head_dim * m.num_q_heads == m.hidden_size
     assert m.num_q_heads % m.num_kv_heads == 0
     assert m.weight_bytes == m.num_params * m.dtype_bytes
 

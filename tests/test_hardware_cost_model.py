@@ -68,7 +68,9 @@ def test_labels_follow_provenance() -> None:
     assert load_cost_model("llama-2-7b", "a100-80gb", 1).label == "calibrated"
     assert load_cost_model("llama-2-7b", "a100-80gb", 2).label == "transferred"
     assert load_cost_model("mistral-7b", "a100-80gb", 1).label == "transferred"
-    assert load_cost_model("llama-2-7b", "h100-sxm", 1).label == "uncalibrated (roofline)"
+    assert load_cost_model("llama-2-7b", "h100-sxm", 1).label == "calibrated"
+    assert load_cost_model("mistral-7b", "h100-sxm", 1).label == "transferred (h100 profiles)"
+    assert load_cost_model("llama-2-7b", "h200", 1).label == "uncalibrated (roofline)"
     assert "llama-2-7b_a100-80gb_tp1.yaml" in load_cost_model("llama-2-7b", "a100-80gb", 1).source
     assert "MIT" in load_cost_model("mistral-7b", "h200", 1).source
 

@@ -19,14 +19,16 @@ import numpy as np
 import yaml
 
 from sim.errors import UserError
-from sim.hardware import fitting, holdout, roofline
+from sim.hardware import fitting, gpu_calibrate, holdout, roofline
 from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.profiles import (
-    ALL_REDUCE_FILE,
     ATTENTION_FILE,
     CPU_FILE,
+    GPU_DIRS,
     LICENCE,
     ProfileSet,
+    all_reduce_file,
+    licence,
     mlp_file,
 )
 
@@ -34,6 +36,9 @@ CALIBRATION_DIR = Path(__file__).resolve().parent / "calibrations"
 ROOFLINE_FILE = "a100-80gb_roofline.yaml"
 PROFILED_GPU = "a100-80gb"
 ALL_REDUCE_GPUS = (2, 4, 8, 16)
+# GPUs with linear-op profiles; all but the A100 take attention and CPU time from it.
+PROFILED_GPUS = tuple(GPU_DIRS)
+PROFILE_TPS = (1, 2, 4, 8)
 # The calibrations committed to the repository (model, TP), all on A100-80GB.
 COMMITTED: tuple[tuple[str, int], ...] = (
     ("llama-2-7b", 1),
@@ -124,9 +129,18 @@ def reference_attention(profiles: ProfileSet) -> dict:
 def _all_reduce_section(profiles: ProfileSet, tp: int) -> dict | None:
     if tp == 1:
         return None
+    if all_reduce_file(profiles.gpu) is None:
+        return gpu_calibrate.pcie_all_reduce_section(profiles.gpu, tp)
     xs, ys = fitting.all_reduce_knots(profiles.all_reduce(tp))
+    note = ALL_REDUCE_NOTE
+    if profiles.gpu != PROFILED_GPU:
+        note = (
+            "two all-reduces per layer, message = tokens x hidden x 2 bytes, 'size' read as "
+            "message bytes as on the A100; measured on a DGX H100 node (NVSwitch), the "
+            "interconnect assumed"
+        )
     return {
-        "note": ALL_REDUCE_NOTE,
+        "note": note,
         "gpus": tp,
         "message_bytes": [int(x) for x in xs],
         "ms": _r(ys),
@@ -152,7 +166,26 @@ def _fit_errors(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
         "held-out rows (fit on alternate profile rows, scored on the others), rows above "
         "0.05 ms; mape and worst are fractions; lm_head is not profiled"
     )
+    if profiles.gpu != PROFILED_GPU:
+        errors["note"] += (
+            "; attention and cpu_overhead errors are those of the A100 fits they are carried "
+            "from (no profile on this GPU to score the transfer)"
+        )
     return errors
+
+
+def _transferred_attention_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
+    ratios = gpu_calibrate.measured_time_ratios(profiles, ProfileSet(profiles.root))
+    dec, pre = gpu_calibrate.scaled_attention(reference_attention(profiles), model, tp, ratios)
+    note = (
+        f"per layer; not profiled on {profiles.gpu}: the A100 fit (Llama-2-70B TP2 "
+        f"FlashAttention) scaled to {model.q_heads_per_gpu(tp)} query / "
+        f"{model.kv_heads_per_gpu(tp)} KV heads of dim {model.head_dim}, then by the measured "
+        f"{profiles.gpu} / A100 time of the TP1 linear-op GEMMs (median of "
+        f"{ratios['models']} models): x{ratios['bandwidth']:.3g} on bandwidth terms "
+        f"(1 token), x{ratios['flops']:.3g} on FLOP terms (4096 tokens)"
+    )
+    return {"note": note, "decode": _sig_dict(dec), "prefill": _sig_dict(pre)}
 
 
 def calibrate(profiles: ProfileSet, model: str, gpu: str, tp: int) -> dict:
@@ -165,14 +198,17 @@ def calibrate(profiles: ProfileSet, model: str, gpu: str, tp: int) -> dict:
     spec = get_model(model)
     get_gpu(gpu)
     check_tensor_parallel(spec, tp)
-    if gpu != PROFILED_GPU:
+    if gpu not in PROFILED_GPUS:
         raise UserError(
-            f"profiles are from {PROFILED_GPU}; cannot calibrate {gpu} (it gets the roofline)",
+            f"profiles are from {', '.join(PROFILED_GPUS)}; cannot calibrate {gpu} "
+            f"(it gets the roofline)",
             field="gpu",
         )
+    if profiles.gpu != gpu:
+        profiles = ProfileSet(profiles.root, gpu)
     if tp not in set(profiles.mlp(model)["tp"]):
         raise UserError(
-            f"{mlp_file(model)} has no TP{tp} rows; profiled: "
+            f"{mlp_file(model, gpu)} has no TP{tp} rows; profiled: "
             f"{sorted(set(profiles.mlp(model)['tp']))}",
             field="tp",
         )
@@ -180,25 +216,57 @@ def calibrate(profiles: ProfileSet, model: str, gpu: str, tp: int) -> dict:
 
 
 def _assemble(profiles: ProfileSet, spec: ModelSpec, gpu: str, tp: int) -> dict:
-    sources = [mlp_file(spec.name), ATTENTION_FILE, CPU_FILE] + (
-        [ALL_REDUCE_FILE] if tp > 1 else []
+    reduce_file = all_reduce_file(gpu)
+    sources = [mlp_file(spec.name, gpu), ATTENTION_FILE, CPU_FILE] + (
+        [reduce_file] if tp > 1 and reduce_file else []
     )
+    if gpu == PROFILED_GPU:
+        attention = _attention_section(reference_attention(profiles), spec, tp, gpu)
+    else:
+        attention = _transferred_attention_section(profiles, spec, tp)
+    cpu = _cpu_section(profiles, spec, tp)
+    if gpu != PROFILED_GPU:
+        cpu["note"] = f"{CPU_NOTE}; {gpu_calibrate.CPU_REUSE_NOTE}"
     return {
         "format": "batchsim-calibration/1",
         "model": spec.name,
         "gpu": gpu,
         "tensor_parallel": tp,
-        "source": LICENCE,
+        "source": licence(gpu),
         "profiles": sources,
         "command": f"python -m sim calibrate --model {spec.name} --gpu {gpu} --tp {tp}",
         "units": "milliseconds per iteration unless noted",
         "linear": _linear_section(profiles, spec, tp),
         "lm_head": _lm_head_section(profiles, spec, tp),
-        "attention": _attention_section(reference_attention(profiles), spec, tp, gpu),
+        "attention": attention,
         "all_reduce": _all_reduce_section(profiles, tp),
-        "cpu_overhead": _cpu_section(profiles, spec, tp),
+        "cpu_overhead": cpu,
         "fit_error": _fit_errors(profiles, spec, tp),
     }
+
+
+def committed_configs(profiles: ProfileSet, gpu: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (model, TP) calibrations committed for ``gpu`` and why others are skipped.
+
+    The A100 keeps its fixed list (:data:`COMMITTED`); another profiled GPU gets every
+    profiled (model, TP) whose weights leave room for a KV cache in its memory.
+
+    Returns:
+        ((model, TP) pairs, one "skipped ..." line per profiled pair that does not fit).
+    """
+    if gpu == PROFILED_GPU:
+        return list(COMMITTED), []
+    gpu_profiles = ProfileSet(profiles.root, gpu)
+    kept, skipped = [], []
+    for model in gpu_profiles.profiled_models():
+        spec = get_model(model)
+        for tp in sorted(set(gpu_profiles.mlp(model)["tp"]) & set(PROFILE_TPS)):
+            problem = gpu_calibrate.fit_problem(spec, gpu, int(tp))
+            if problem:
+                skipped.append(f"skipped {model} TP{tp} on {gpu}: {problem}")
+            else:
+                kept.append((model, int(tp)))
+    return kept, skipped
 
 
 def fit_roofline_file(profiles: ProfileSet) -> dict:

@@ -1,8 +1,12 @@
-"""``python -m sim calibrate``: fit calibration files from the A100 profiles.
+"""``python -m sim calibrate``: fit calibration files from the A100, H100 and A40 profiles.
 
     python -m sim calibrate --profiles ../shared/profiles --model llama-2-7b \\
         --gpu a100-80gb --tp 1 --out /tmp/llama-2-7b_a100-80gb_tp1.yaml --report
     python -m sim calibrate --all [--report]    # regenerate every committed file
+    python -m sim calibrate --all --gpu a40     # only one GPU's files
+
+On H100 (``h100-sxm``) and A40 (``a40``), ``--all`` fits every profiled (model, TP) whose
+weights fit the GPU's memory and prints a line for each one skipped.
 
 ``--report`` prints the held-out fit errors and saves Markdown + PNG fit reports (and,
 with ``--all``, the leave-one-model-out transfer report) into ``--report-dir``.
@@ -14,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from sim.errors import UserError
-from sim.hardware import calibrate
+from sim.hardware import calibrate, gpu_calibrate
 from sim.hardware.profiles import ProfileSet
 
 DEFAULT_PROFILES = "../shared/profiles"
@@ -25,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``calibrate`` subcommand on ``subparsers``."""
     parser = subparsers.add_parser(
         "calibrate",
-        help="fit cost-model calibrations from A100 profiles",
+        help="fit cost-model calibrations from A100/H100/A40 profiles",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -36,7 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", help="model name, e.g. llama-2-7b")
     parser.add_argument(
-        "--gpu", default="a100-80gb", help="GPU the profiles were measured on (a100-80gb)"
+        "--gpu",
+        help="GPU the profiles were measured on: a100-80gb (default), h100-sxm or a40; "
+        "with --all, only that GPU's files (default: every profiled GPU)",
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     parser.add_argument(
@@ -70,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "give --model (or --all to regenerate every committed calibration)", field="model"
         )
+    gpu = args.gpu or calibrate.PROFILED_GPU
     out = (
         Path(args.out)
         if args.out
-        else calibrate.CALIBRATION_DIR
-        / calibrate.calibration_filename(args.model, args.gpu, args.tp)
+        else calibrate.CALIBRATION_DIR / calibrate.calibration_filename(args.model, gpu, args.tp)
     )
     _check_out_file(out)
-    _calibrate_one(profiles, args.model, args.gpu, args.tp, out, args)
+    _calibrate_one(profiles, args.model, gpu, args.tp, out, args)
     return 0
 
 
@@ -98,21 +104,39 @@ def _calibrate_one(
     if args.report:
         from sim.hardware import fit_report  # matplotlib: only when a report is asked for
 
-        text, md, png = fit_report.calibration_report(profiles, model, tp, args.report_dir)
+        gpu_profiles = ProfileSet(profiles.root, gpu)
+        text, md, png = fit_report.calibration_report(gpu_profiles, model, tp, args.report_dir)
         print(text)
         print(f"saved {md} and {png}")
 
 
-def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
-    roof = calibrate.fit_roofline_file(profiles)
-    print(
-        f"wrote {calibrate.write_yaml(roof, calibrate.CALIBRATION_DIR / calibrate.ROOFLINE_FILE)}"
-    )
-    for model, tp in calibrate.COMMITTED:
-        out = calibrate.CALIBRATION_DIR / calibrate.calibration_filename(
-            model, calibrate.PROFILED_GPU, tp
+def _run_gpu(profiles: ProfileSet, gpu: str, args: argparse.Namespace) -> None:
+    if gpu not in calibrate.PROFILED_GPUS:
+        raise UserError(
+            f"--gpu = '{gpu}': no profiles; profiled: {', '.join(calibrate.PROFILED_GPUS)}",
+            field="gpu",
         )
-        _calibrate_one(profiles, model, calibrate.PROFILED_GPU, tp, out, args)
+    if gpu == calibrate.PROFILED_GPU:
+        roof = calibrate.fit_roofline_file(profiles)
+        path = calibrate.CALIBRATION_DIR / calibrate.ROOFLINE_FILE
+    else:
+        roof = gpu_calibrate.fit_gpu_roofline_file(profiles.root, gpu)
+        path = calibrate.CALIBRATION_DIR / gpu_calibrate.roofline_file_name(gpu)
+    print(f"wrote {calibrate.write_yaml(roof, path)}")
+    kept, skipped = calibrate.committed_configs(profiles, gpu)
+    for line in skipped:
+        print(line)
+    for model, tp in kept:
+        out = calibrate.CALIBRATION_DIR / calibrate.calibration_filename(model, gpu, tp)
+        _calibrate_one(profiles, model, gpu, tp, out, args)
+
+
+def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
+    gpus = [args.gpu] if args.gpu else list(calibrate.PROFILED_GPUS)
+    for gpu in gpus:
+        _run_gpu(profiles, gpu, args)
+    if calibrate.PROFILED_GPU not in gpus:
+        return 0
     if args.report:
         from sim.hardware import fit_report
 

@@ -36,6 +36,8 @@ class ModelSpec:
         rotary: rotary position embeddings (False: learned positions, OPT).
         parallel_block: attention and MLP read the same normed input (one norm per
             layer, phi-2) instead of running one after the other (two norms).
+        explicit_head_dim: head width when config.json sets ``head_dim`` apart from
+            hidden / heads (Mistral-Nemo: 128, not 160); 0 = hidden // heads.
     """
 
     name: str
@@ -52,11 +54,12 @@ class ModelSpec:
     tied_embeddings: bool = False
     rotary: bool = True
     parallel_block: bool = False
+    explicit_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""
-        return self.hidden_size // self.num_q_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_q_heads
 
     @property
     def num_params(self) -> int:
@@ -90,7 +93,9 @@ class GPUSpec:
         peak_bf16_tflops: dense BF16 tensor-core peak, TFLOP/s.
         hbm_gb_per_s: HBM bandwidth, GB/s (1e9 bytes).
         memory_gb: device memory in GiB as CUDA reports it.
-        nvlink_gb_per_s: NVLink bandwidth per direction per GPU, GB/s (scales all-reduce).
+        nvlink_gb_per_s: GPU-to-GPU link bandwidth per direction per GPU, GB/s (scales
+            all-reduce): NVLink, or the PCIe link where ``interconnect`` is "PCIe".
+        interconnect: "NVLink" (NVSwitch or bridge) or "PCIe" (no NVLink).
     """
 
     name: str
@@ -98,6 +103,7 @@ class GPUSpec:
     hbm_gb_per_s: float
     memory_gb: float
     nvlink_gb_per_s: float = 300.0
+    interconnect: str = "NVLink"
 
 
 def _llama(
@@ -158,6 +164,35 @@ MODELS: dict[str, ModelSpec] = {
         ),
         _llama("llama-3.1-8b", "meta-llama/Llama-3.1-8B", 32, 32, 8, 4096, 14336, 128256, 131072),
         _llama("qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, 28, 4, 3584, 18944, 152064, 131072),
+        # InternLM-20B and Qwen-72B: heads, KV heads, width, MLP width, vocabulary and gated
+        # MLP from the profile CSVs' shape columns (n_head, n_kv_head, n_embd,
+        # n_expanded_embd, vocab_size, use_gated_mlp); layers and context from config.json
+        # (num_hidden_layers 60 / 80; max_position_embeddings 4096, Qwen's seq_length 32768).
+        # Qwen's config.json intermediate_size (49152) counts gate + up; per projection 24576.
+        _llama("internlm-20b", "internlm/internlm-20b", 60, 40, 40, 5120, 13824, 103168, 4096),
+        _llama("qwen-72b", "Qwen/Qwen-72B", 80, 64, 64, 8192, 24576, 152064, 32768),
+        # config.json: num_hidden_layers, num_attention_heads, num_key_value_heads,
+        # hidden_size, intermediate_size, vocab_size, max_position_embeddings.
+        _llama(
+            "llama-3.1-70b", "meta-llama/Llama-3.1-70B", 80, 64, 8, 8192, 28672, 128256, 131072
+        ),
+        _llama("qwen2.5-72b", "Qwen/Qwen2.5-72B", 80, 64, 8, 8192, 29568, 152064, 131072),
+        # Mistral-Nemo config.json also sets head_dim 128 (hidden 5120 / 32 heads would be
+        # 160); its max_position_embeddings is 1024000 but the model card states a 128k
+        # context window, which is what is used here.
+        ModelSpec(
+            "mistral-nemo-12b",
+            "mistralai/Mistral-Nemo-Base-2407",
+            40,
+            32,
+            8,
+            5120,
+            14336,
+            131072,
+            gated_mlp=True,
+            max_positions=131072,
+            explicit_head_dim=128,
+        ),
     )
 }
 
@@ -179,6 +214,25 @@ GPUS: dict[str, GPUSpec] = {
             hbm_gb_per_s=4800.0,
             memory_gb=139.8,
             nvlink_gb_per_s=450.0,
+        ),
+        # A40 and L40S: PCIe Gen4 x16 cards without NVLink here (32 GB/s per direction);
+        # 48 GB GDDR6 is 46068 MiB as nvidia-smi lists it (44.99 GiB). L40S: 362.05 TFLOP/s
+        # dense BF16 (733 is the sparsity figure).
+        GPUSpec(
+            "a40",
+            peak_bf16_tflops=149.7,
+            hbm_gb_per_s=696.0,
+            memory_gb=44.99,
+            nvlink_gb_per_s=32.0,
+            interconnect="PCIe",
+        ),
+        GPUSpec(
+            "l40s",
+            peak_bf16_tflops=362.05,
+            hbm_gb_per_s=864.0,
+            memory_gb=44.99,
+            nvlink_gb_per_s=32.0,
+            interconnect="PCIe",
         ),
     )
 }

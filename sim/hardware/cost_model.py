@@ -19,6 +19,7 @@ from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, calibration_f
 from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.fitting import DECODE_TERMS, PREFILL_TERMS
+from sim.hardware.gpu_calibrate import roofline_file_name
 from sim.hardware.profiles import LICENCE
 from sim.hardware.transfer import label_for, roofline_calibration
 
@@ -222,8 +223,10 @@ def load_cost_model(
     """The cost model of ``model`` on ``tensor_parallel`` x ``gpu``.
 
     A committed calibration of (model, GPU, TP) gives label "calibrated"; A100-80GB
-    without one gives the roofline with A100-fitted efficiencies ("transferred"); any
-    other GPU the same roofline on its datasheet roofs ("uncalibrated (roofline)").
+    without one gives the roofline with A100-fitted efficiencies ("transferred"); H100
+    and A40 the roofline with efficiencies fitted on their own linear-op profiles
+    ("transferred (h100 profiles)", "transferred (a40 profiles)"); any other GPU the A100
+    roofline on its datasheet roofs ("uncalibrated (roofline)").
 
     Raises:
         UserError: unknown model or GPU, TP that does not divide the heads or has no
@@ -234,7 +237,14 @@ def load_cost_model(
     path = CALIBRATION_DIR / calibration_filename(model, gpu, tensor_parallel)
     if path.is_file():
         data = read_yaml(path)
-        return _build(data, spec, "calibrated", f"{path.name} ({LICENCE})", cpu_overhead, path)
+        source = f"{path.name} ({data.get('source', LICENCE)})"
+        return _build(data, spec, "calibrated", source, cpu_overhead, path)
+    own_roof = CALIBRATION_DIR / roofline_file_name(gpu)
+    if own_roof.is_file():  # a profiled GPU: efficiencies fitted on its own linear ops
+        roof = read_yaml(own_roof)
+        data = roofline_calibration(roof, spec, gpu_spec, tensor_parallel)
+        source = f"roofline on {gpu} with efficiencies from {own_roof.name} ({roof['source']})"
+        return _build(data, spec, label_for(gpu_spec, gpu), source, cpu_overhead, own_roof)
     roof_path = CALIBRATION_DIR / ROOFLINE_FILE
     data = roofline_calibration(read_yaml(roof_path), spec, gpu_spec, tensor_parallel)
     label = label_for(gpu_spec)

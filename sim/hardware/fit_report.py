@@ -22,7 +22,17 @@ from matplotlib.axes import Axes  # noqa: E402
 from sim.hardware import fitting, holdout, roofline  # noqa: E402
 from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
 from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
-from sim.hardware.profiles import LICENCE, ProfileSet  # noqa: E402
+from sim.hardware.profiles import (  # noqa: E402
+    GPU_TITLES,
+    LICENCE,
+    ProfileSet,
+    all_reduce_file,
+    licence,
+)
+
+# Decode batches (sequences, context tokens each) at which the share of transferred
+# attention in a step is reported for GPUs without an attention profile.
+SHARE_BATCHES = ((1, 1024), (32, 1024), (128, 2048))
 
 TARGETS = {"linear": 0.05, "attention_decode": 0.10, "attention_prefill": 0.10}
 TRANSFER_TARGET = 0.10
@@ -48,19 +58,23 @@ def _rows(results: list[holdout.Holdout]) -> list[str]:
 def calibration_report(
     profiles: ProfileSet, model: str, tp: int, out_dir: str | Path
 ) -> tuple[str, Path, Path]:
-    """Write ``<model>_a100-80gb_tp<tp>_fit.md`` and ``.png`` into ``out_dir``.
+    """Write ``<model>_<gpu>_tp<tp>_fit.md`` and ``.png`` into ``out_dir``.
+
+    The GPU is ``profiles.gpu``; for one without an attention profile the report adds
+    the share of a decode step that the transferred attention takes.
 
     Returns:
         (markdown text, markdown path, PNG path).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{model}_a100-80gb_tp{tp}_fit"
+    gpu = profiles.gpu
+    stem = f"{model}_{gpu}_tp{tp}_fit"
     results = holdout.component_holdouts(profiles, get_model(model), tp)
     png = out_dir / f"{stem}.png"
     _plot_calibration(profiles, model, tp, results, png)
     lines = [
-        f"# Fit report: {model}, A100-80GB, TP{tp}",
+        f"# Fit report: {model}, {GPU_TITLES[gpu]}, TP{tp}",
         "",
         "Each component is refitted on alternate profile rows and scored on the rows left out "
         "(committed calibrations keep every row as a knot). Errors are relative, over held-out "
@@ -74,15 +88,44 @@ def calibration_report(
     lines += [
         "- lm_head: not profiled (estimated from the MLP up-projection; see docs/cost_model.md)",
         "",
+    ]
+    if gpu != "a100-80gb":
+        lines += _transferred_share_lines(profiles, model, tp)
+    lines += [
         f"![curves vs profile points]({png.name})",
         "",
-        f"Source: {LICENCE}.",
+        f"Source: {licence(gpu)}.",
         "",
     ]
     text = "\n".join(lines)
     md = out_dir / f"{stem}.md"
     md.write_text(text)
     return text, md, png
+
+
+def _transferred_share_lines(profiles: ProfileSet, model: str, tp: int) -> list[str]:
+    from sim.hardware.calibrate import calibrate  # calibrate imports nothing from here
+    from sim.hardware.cost_model import CostModel
+
+    data = calibrate(profiles, model, profiles.gpu, tp)
+    cost = CostModel(data, get_model(model), label="calibrated", source="")
+    lines = [
+        f"Not profiled on {profiles.gpu}, carried from the A100: attention "
+        f"({data['attention']['note'].split('then by ')[-1]}), CPU overhead (A100 host). "
+        "Share of a decode step (batch x context) that the transferred attention takes:",
+        "",
+        "| decode batch | context | step ms | attention ms | attention share | CPU share |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seqs, context in SHARE_BATCHES:
+        parts = cost.breakdown_from_totals_s(0, 0, 0.0, seqs, seqs * context)
+        total = sum(parts.values())
+        attn, cpu = parts["attention_decode"], parts.get("cpu_overhead", 0.0)
+        lines.append(
+            f"| {seqs} | {context} | {1e3 * total:.2f} | {1e3 * attn:.2f} "
+            f"| {attn / total:.1%} | {cpu / total:.1%} |"
+        )
+    return [*lines, ""]
 
 
 def _plot_calibration(
@@ -95,7 +138,10 @@ def _plot_calibration(
     _plot_all_reduce(axes[1, 0], profiles, tp)
     _plot_cpu(axes[1, 1], profiles, model, tp)
     _plot_errors(axes[1, 2], results)
-    fig.suptitle(f"{model} on A100-80GB, TP{tp}: fitted curves (lines) vs profile medians (points)")
+    fig.suptitle(
+        f"{model} on {GPU_TITLES[profiles.gpu]}, TP{tp}: fitted curves (lines) vs profile "
+        f"medians (points)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -110,7 +156,7 @@ def _plot_linear(ax: Axes, profiles: ProfileSet, model: str, tp: int) -> None:
 
 
 def _plot_all_reduce(ax: Axes, profiles: ProfileSet, tp: int) -> None:
-    if tp == 1:
+    if tp == 1 or all_reduce_file(profiles.gpu) is None:
         ax.set_axis_off()
         return
     table = profiles.all_reduce(tp)

@@ -18,7 +18,7 @@ import pandas as pd
 from sim.hardware import fitting
 from sim.hardware.catalog import ModelSpec
 from sim.hardware.curves import PiecewiseLinear, error_summary, isotonic, running_max
-from sim.hardware.profiles import ProfileSet
+from sim.hardware.profiles import GPU_TITLES, ProfileSet, all_reduce_file
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def prefill_holdout(prefill: pd.DataFrame) -> Holdout:
     )
 
 
-def all_reduce_holdout(table: pd.DataFrame, tp: int) -> Holdout:
+def all_reduce_holdout(table: pd.DataFrame, tp: int, gpu: str = "a100-80gb") -> Holdout:
     """All-reduce: isotonic knots from even sizes, scored on odd sizes."""
     rows = table.sort_values("size").reset_index(drop=True)
     train, test = _split(len(rows))
@@ -117,8 +117,12 @@ def all_reduce_holdout(table: pd.DataFrame, tp: int) -> Holdout:
         held["size"].to_numpy(float),
         held["ms"].to_numpy(float),
         predicted,
-        f"NCCL all-reduce on {tp} A100s; x = message bytes",
+        f"NCCL all-reduce on {tp} {_gpu_plural(gpu)}; x = message bytes",
     )
+
+
+def _gpu_plural(gpu: str) -> str:
+    return "A100s" if gpu == "a100-80gb" else f"{GPU_TITLES[gpu]}s"
 
 
 def cpu_holdout(cpu: pd.DataFrame, model: str, tp: int) -> Holdout:
@@ -136,7 +140,7 @@ def component_holdouts(profiles: ProfileSet, model: ModelSpec, tp: int) -> list[
         decode_holdout(dec),
         prefill_holdout(pre),
     ]
-    if tp > 1:
-        results.append(all_reduce_holdout(profiles.all_reduce(tp), tp))
+    if tp > 1 and all_reduce_file(profiles.gpu):
+        results.append(all_reduce_holdout(profiles.all_reduce(tp), tp, profiles.gpu))
     source = fitting.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
     return [*results, cpu_holdout(profiles.cpu(), *source)]

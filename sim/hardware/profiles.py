@@ -1,4 +1,4 @@
-"""Reading Vidur's A100 profile CSVs into tidy tables (milliseconds throughout).
+"""Reading Vidur's A100 (and H100, A40 linear-op) profile CSVs into tidy tables (milliseconds throughout).
 
 Only the fitting code reads these; the simulator itself loads the committed calibration
 files. Every loader checks that its file exists and has the columns it needs, and raises
@@ -25,6 +25,15 @@ MLP_PROFILES: dict[str, str] = {
     "codellama-34b": "codellama_CodeLlama-34b-Instruct-hf",
     "phi-2": "microsoft_phi-2",
 }
+# Profiled on every GPU but outside the A100 roofline fit (kept to the six above, so the
+# committed roofline file does not change): batchsim name -> stem of <gpu>/mlp/<stem>.csv
+EXTRA_MLP_PROFILES: dict[str, str] = {
+    "internlm-20b": "internlm_internlm-20b",
+    "qwen-72b": "Qwen_Qwen-72B",
+}
+# batchsim GPU -> folder of its profiles; only the A100 has attention and CPU profiles.
+GPU_DIRS: dict[str, str] = {"a100-80gb": "a100", "h100-sxm": "h100", "a40": "a40"}
+GPU_TITLES: dict[str, str] = {"a100-80gb": "A100-80GB", "h100-sxm": "H100-80GB", "a40": "A40-48GB"}
 # batchsim name -> model_name in cpu_overheads.csv (catalog models only)
 CPU_PROFILES: dict[str, str] = {
     "llama-2-7b": "meta-llama/Llama-2-7b-hf",
@@ -56,14 +65,27 @@ CPU_FILE = "a100/cpu_overheads.csv"
 LICENCE = "derived from Microsoft Vidur A100 profiles (MIT)"
 
 
-def mlp_file(model: str) -> str:
-    """Path of ``model``'s MLP profile relative to the profiles folder."""
-    if model not in MLP_PROFILES:
+def mlp_file(model: str, gpu: str = "a100-80gb") -> str:
+    """Path of ``model``'s MLP profile on ``gpu`` relative to the profiles folder."""
+    stems = {**MLP_PROFILES, **EXTRA_MLP_PROFILES}
+    if model not in stems:
         raise UserError(
-            f"no A100 profile for model '{model}'; profiled: {', '.join(MLP_PROFILES)}",
+            f"no A100 profile for model '{model}'; profiled: {', '.join(stems)}",
             field="model",
         )
-    return f"a100/mlp/{MLP_PROFILES[model]}.csv"
+    return f"{GPU_DIRS[gpu]}/mlp/{stems[model]}.csv"
+
+
+def all_reduce_file(gpu: str = "a100-80gb") -> str | None:
+    """NCCL all-reduce profile of ``gpu`` (DGX NVSwitch node), or None (A40: none)."""
+    return {"a100-80gb": ALL_REDUCE_FILE, "h100-sxm": "h100/all_reduce_dgx.csv"}.get(gpu)
+
+
+def licence(gpu: str = "a100-80gb") -> str:
+    """Provenance line of calibrations fitted on ``gpu``'s profiles."""
+    if gpu == "a100-80gb":
+        return LICENCE
+    return f"derived from Microsoft Vidur {GPU_TITLES[gpu]} and A100 profiles (MIT)"
 
 
 def _read(profiles_dir: Path, rel: str, needed: list[str]) -> pd.DataFrame:
@@ -83,11 +105,11 @@ def _read(profiles_dir: Path, rel: str, needed: list[str]) -> pd.DataFrame:
     return frame
 
 
-def load_mlp(profiles_dir: Path, model: str) -> pd.DataFrame:
-    """Per-layer op medians of ``model``: columns ``tp``, ``tokens``, ``emb`` and each op
-    present in the file (phi-2 has no post-attention norm), sorted by (tp, tokens)."""
+def load_mlp(profiles_dir: Path, model: str, gpu: str = "a100-80gb") -> pd.DataFrame:
+    """Per-layer op medians of ``model`` on ``gpu``: columns ``tp``, ``tokens``, ``emb`` and
+    each op present in the file (phi-2 has no post-attention norm), sorted by (tp, tokens)."""
     base = ["num_tokens", "num_tensor_parallel_workers", "time_stats.emb.median"]
-    frame = _read(profiles_dir, mlp_file(model), base + ["time_stats.mlp_up_proj.median"])
+    frame = _read(profiles_dir, mlp_file(model, gpu), base + ["time_stats.mlp_up_proj.median"])
     ops = ["emb"] + [op for op in LAYER_OPS if f"time_stats.{op}.median" in frame.columns]
     tidy = frame.rename(columns={f"time_stats.{op}.median": op for op in ops})
     tidy = tidy.rename(columns={"num_tokens": "tokens", "num_tensor_parallel_workers": "tp"})
@@ -125,21 +147,24 @@ def load_attention(profiles_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return dec.dropna(), pre.dropna()
 
 
-def load_all_reduce(profiles_dir: Path, num_gpus: int) -> pd.DataFrame:
+def load_all_reduce(profiles_dir: Path, num_gpus: int, gpu: str = "a100-80gb") -> pd.DataFrame:
     """All-reduce medians for ``num_gpus`` GPUs: columns ``size``, ``ms``, sorted by size.
 
     Uses the rows with all GPUs in one node (NVLink) up to 8; 16 GPUs span two nodes.
     """
+    rel = all_reduce_file(gpu)
+    if rel is None:
+        raise UserError(f"no all-reduce profile for {gpu}", field="gpu")
     frame = _read(
         profiles_dir,
-        ALL_REDUCE_FILE,
+        rel,
         ["size", "num_workers", "devices_per_node", "time_stats.all_reduce.median"],
     )
     per_node = min(num_gpus, 8)
     rows = frame[(frame["num_workers"] == num_gpus) & (frame["devices_per_node"] == per_node)]
     if rows.empty:
         raise UserError(
-            f"{ALL_REDUCE_FILE}: no all-reduce rows for {num_gpus} GPUs; profiled: "
+            f"{rel}: no all-reduce rows for {num_gpus} GPUs; profiled: "
             f"{sorted(set(frame['num_workers']))}",
             field="tensor_parallel",
         )
@@ -172,10 +197,13 @@ class ProfileSet:
 
     Args:
         root: the folder holding ``a100/`` (``../shared/profiles`` next to the repo).
+        gpu: whose linear-op and all-reduce profiles to read; attention and CPU overhead
+            are always the A100's (the only ones profiled).
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, gpu: str = "a100-80gb") -> None:
         self.root = Path(root)
+        self.gpu = gpu
         self._tables: dict[tuple, object] = {}
 
     def _cached(self, key: tuple, load: Callable[[], Any]) -> Any:
@@ -185,11 +213,22 @@ class ProfileSet:
 
     def mlp(self, model: str) -> pd.DataFrame:
         """See :func:`load_mlp`."""
-        return self._cached(("mlp", model), lambda: load_mlp(self.root, model))
+        return self._cached(("mlp", model), lambda: load_mlp(self.root, model, self.gpu))
 
-    def all_mlp(self) -> dict[str, pd.DataFrame]:
-        """MLP tables of every profiled model."""
-        return {model: self.mlp(model) for model in MLP_PROFILES}
+    def all_mlp(self, extra: bool = False) -> dict[str, pd.DataFrame]:
+        """MLP tables of every profiled model on this GPU (the six of the A100 roofline
+        fit; with ``extra`` also InternLM-20B and Qwen-72B)."""
+        names = [*MLP_PROFILES, *(EXTRA_MLP_PROFILES if extra else ())]
+        present = [
+            m
+            for m in names
+            if self.gpu == "a100-80gb" or (self.root / mlp_file(m, self.gpu)).is_file()
+        ]
+        return {model: self.mlp(model) for model in present}
+
+    def profiled_models(self) -> list[str]:
+        """Models with a linear-op profile on this GPU."""
+        return list(self.all_mlp(extra=True))
 
     def attention(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """See :func:`load_attention`."""
@@ -197,7 +236,9 @@ class ProfileSet:
 
     def all_reduce(self, num_gpus: int) -> pd.DataFrame:
         """See :func:`load_all_reduce`."""
-        return self._cached(("all_reduce", num_gpus), lambda: load_all_reduce(self.root, num_gpus))
+        return self._cached(
+            ("all_reduce", num_gpus), lambda: load_all_reduce(self.root, num_gpus, self.gpu)
+        )
 
     def cpu(self) -> pd.DataFrame:
         """See :func:`load_cpu_overheads`."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import UserError
-from sim.hardware import fitting, roofline
+from sim.hardware import fitting, gpu_calibrate, roofline
 from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec
 from sim.hardware.curves import running_max
+from sim.hardware.profiles import GPU_DIRS
 
 GRID_POINTS = 128
 GRID_MAX_TOKENS = 32768
@@ -28,9 +29,13 @@ def _grid() -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, GRID_MAX_TOKENS, GRID_POINTS)))
 
 
-def label_for(gpu: GPUSpec) -> str:
-    """Label of a roofline cost model on ``gpu``."""
-    return "transferred" if gpu.name == PROFILED_GPU else "uncalibrated (roofline)"
+def label_for(gpu: GPUSpec, roof_gpu: str = PROFILED_GPU) -> str:
+    """Label of a roofline cost model on ``gpu`` with efficiencies fitted on ``roof_gpu``."""
+    if gpu.name != roof_gpu:
+        return "uncalibrated (roofline)"
+    if gpu.name == PROFILED_GPU:
+        return "transferred"
+    return f"transferred ({GPU_DIRS[gpu.name]} profiles)"
 
 
 def _all_reduce(roof: dict, gpu: GPUSpec, tp: int) -> dict | None:
@@ -44,7 +49,7 @@ def _all_reduce(roof: dict, gpu: GPUSpec, tp: int) -> dict | None:
             field="tensor_parallel",
         )
     section = dict(curves[str(tp)])
-    factor = GPUS[PROFILED_GPU].nvlink_gb_per_s / gpu.nvlink_gb_per_s
+    factor = GPUS[roof.get("gpu", PROFILED_GPU)].nvlink_gb_per_s / gpu.nvlink_gb_per_s
     section["ms"] = [ms * factor for ms in section["ms"]]
     return section
 
@@ -71,6 +76,11 @@ def _fit_error(roof: dict, model: ModelSpec) -> dict:
             "worst": max(v["worst"] for v in loo.values()),
             "note": "worst leave-one-model-out transfer error over the six profiled models",
         }
+        if roof.get("gpu", PROFILED_GPU) != PROFILED_GPU:
+            linear["note"] = (
+                f"worst leave-one-model-out transfer error over the models profiled on "
+                f"{roof['gpu']}"
+            )
     return {
         "linear": linear,
         **{k: v for k, v in roof["fit_error"].items() if k.startswith("attention")},
@@ -86,7 +96,10 @@ def roofline_calibration(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int) ->
     eff = roof["efficiency"]
     grid = _grid()
     ref = roof["attention_reference"]
-    dec, pre = fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
+    if "attention_ratios" in roof and roof["gpu"] == gpu.name:
+        dec, pre = gpu_calibrate.scaled_attention(ref, model, tp, roof["attention_ratios"])
+    else:
+        dec, pre = fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
     return {
         "model": model.name,
         "gpu": gpu.name,
