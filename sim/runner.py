@@ -167,8 +167,9 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     gpu = get_gpu(scenario.gpu)
     kv = _kv_budget(scenario, model, gpu, scenario.memory.gpu_memory_utilization)
     for policy in scenario.policies:  # a policy's own memory share must fit the model too
-        if getattr(policy, "gpu_memory_utilization", None) is not None:
-            _kv_budget(scenario, model, gpu, policy.gpu_memory_utilization)
+        share = getattr(policy, "gpu_memory_utilization", None)
+        if share is not None:
+            _kv_budget(scenario, model, gpu, share)
     cost_model = load_cost_model(
         scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import simpy
@@ -71,9 +72,7 @@ class FrontEnd:
         while self._free and self._ready:
             rid, turn = self._ready.popleft()
             self._free -= 1
-            self._env.timeout(self._turn_s(rid, turn)).callbacks.append(
-                lambda _event, rid=rid, turn=turn: self._turn_done(rid, turn)
-            )
+            self._env.timeout(self._turn_s(rid, turn)).callbacks.append(partial(self._turn_done, rid, turn))
 
     def _turn_s(self, rid: int, turn: int) -> float:
         tokenize_s = self._token_s * int(self._prompt[rid])
@@ -81,7 +80,7 @@ class FrontEnd:
             return self._parse_s
         return tokenize_s if turn == TOKENIZE else self._parse_s + tokenize_s
 
-    def _turn_done(self, rid: int, turn: int) -> None:
+    def _turn_done(self, rid: int, turn: int, _event: simpy.Event) -> None:
         self._free += 1
         if turn == PARSE:
             self._ready.append((rid, TOKENIZE))
