@@ -22,6 +22,8 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`workload.arrival` (by `kind`)", config.Arrival),
     ("`workload.prompt_tokens` / `workload.output_tokens` (by `kind`)", config.Length),
     ("`policies[]` (by `kind`)", config.PolicyConfig),
+    ("`policies[].engine_cpu`", config.EngineCPUConfig),
+    ("`frontend`", config.FrontendConfig),
     ("`client`", config.ClientConfig),
     ("`admission`", config.AdmissionConfig),
     ("`slo`", config.SLOConfig),

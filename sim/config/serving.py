@@ -1,0 +1,118 @@
+"""Schema of the serving stack around the batching policy: KV memory, cost options, the API
+front end, clients, admission, SLOs and metrics."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.base import MAX_DURATION_S, MAX_KV_BLOCKS, MAX_TOKENS, Float, Int, StrictModel
+
+
+# --------------------------------------------------------------------------- the rest
+class MemoryConfig(StrictModel):
+    """KV-cache budget: GPU memory x utilization - weights/TP - activation reserve."""
+
+    gpu_memory_utilization: Float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use.")
+    block_size: Int = Field(16, ge=1, le=MAX_TOKENS, description="Tokens per KV block.")
+    activation_reserve_gb: Float | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="GiB kept for activations (default: estimated from the model and token budget).",
+    )
+    kv_blocks: Int | None = Field(
+        None,
+        ge=1,
+        le=MAX_KV_BLOCKS,
+        description="Pin the KV capacity in blocks per GPU worker (as vLLM logs '# GPU blocks'); "
+        "overrides the estimate.",
+    )
+
+
+class FrontendConfig(StrictModel):
+    """The OpenAI-compatible API server in front of the engine: it parses and tokenizes requests.
+
+    Each request costs ``per_request_ms`` (HTTP parse, validation) and then
+    ``per_prompt_token_us`` per prompt token (tokenization) on one of ``workers`` event
+    loops before it reaches the router; TTFT and E2E still count from the client's send.
+    Defaults are fitted on the real vLLM 0.6.0 bursts in ../shared/validation (docs/validation.md).
+    """
+
+    per_request_ms: Float = Field(2.1, ge=0, le=10_000, description="Parse and validation time per request (ms).")
+    per_prompt_token_us: Float = Field(0.0, ge=0, le=10_000, description="Tokenization time per prompt token (µs).")
+    workers: Int = Field(1, ge=1, le=1024, description="API-server event loops working in parallel.")
+    startup_ms: Float = Field(
+        260.0,
+        ge=0,
+        le=MAX_DURATION_S * 1000,
+        description="One-off delay before the first request is handled (a cold front end; 0 = warmed up).",
+    )
+    discipline: Literal["event_loop", "fifo"] = Field(
+        "event_loop",
+        description="'event_loop': parse and tokenize are separate turns of an asyncio loop, so a burst is "
+        "parsed in full before any request is tokenized and submitted; 'fifo': each request's whole cost "
+        "in one turn, first come first served.",
+    )
+
+
+class CostConfig(StrictModel):
+    """Options of the iteration cost model."""
+
+    cpu_overhead: bool = Field(True, description="Add the engine's per-iteration CPU time (schedule, prepare, sample).")
+
+
+class ClientConfig(StrictModel):
+    """Client behaviour under overload: give up after a timeout, retry rejected requests with backoff."""
+
+    timeout_s: Float = Field(
+        gt=0,
+        le=MAX_DURATION_S,
+        description="A request unfinished this long after it was sent is abandoned (timed_out).",
+    )
+    max_retries: Int = Field(0, ge=0, le=1000, description="Re-sends after a rejection (HTTP 429).")
+    backoff_s: Float = Field(1.0, ge=0, le=MAX_DURATION_S, description="First retry delay; doubles with every retry.")
+
+
+class AdmissionConfig(StrictModel):
+    """Server-side admission control."""
+
+    max_queue: Int = Field(
+        ge=1,
+        description="Requests waiting beyond this are rejected (HTTP 429); >= 1, since a request is always "
+        "queued for at least the instant before its first pass.",
+    )
+
+
+class SLOConfig(StrictModel):
+    """Latency targets; a request meets the SLO when each given bound holds for it."""
+
+    ttft_p99_s: Float | None = Field(None, gt=0, le=MAX_DURATION_S, description="Time-to-first-token bound in seconds.")
+    tpot_p99_s: Float | None = Field(
+        None, gt=0, le=MAX_DURATION_S, description="Time-per-output-token bound in seconds."
+    )
+    e2e_p99_s: Float | None = Field(None, gt=0, le=MAX_DURATION_S, description="End-to-end latency bound in seconds.")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> SLOConfig:
+        if self.ttft_p99_s is None and self.tpot_p99_s is None and self.e2e_p99_s is None:
+            raise ValueError("give at least one of ttft_p99_s, tpot_p99_s, e2e_p99_s")
+        return self
+
+
+class MetricsConfig(StrictModel):
+    """What is measured and kept."""
+
+    warmup_s: Float = Field(
+        0.0, ge=0, le=MAX_DURATION_S, description="Exclude requests that arrived before this time from percentiles."
+    )
+    max_iteration_rows: Int = Field(
+        200_000,
+        ge=1,
+        le=100_000_000,
+        description="Per policy, keep (in memory and in iterations.csv) every k-th iteration beyond this many "
+        "rows (summaries use all).",
+    )
+
+

@@ -1,0 +1,233 @@
+"""The request stream's schema: arrival processes, length distributions, the workload block."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sim.config.base import (
+    MAX_DURATION_S,
+    MAX_RATE,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    MIN_RATE,
+    RECORD_BYTES_PER_REQUEST,
+    Float,
+    Int,
+    StrictModel,
+)
+
+
+# --------------------------------------------------------------------------- arrivals
+class PoissonArrival(StrictModel):
+    """Open-loop Poisson arrivals: exponential inter-arrival times."""
+
+    kind: Literal["poisson"] = "poisson"
+    rate: Float = Field(ge=MIN_RATE, le=MAX_RATE, description="Mean arrival rate in requests per second.")
+
+
+class GammaArrival(StrictModel):
+    """Bursty open-loop arrivals: gamma inter-arrival times with a given coefficient of variation."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate: Float = Field(ge=MIN_RATE, le=MAX_RATE, description="Mean arrival rate in requests per second.")
+    cv: Float = Field(
+        gt=0, le=1000, description="Coefficient of variation of inter-arrival times (1 = Poisson, >1 = bursty)."
+    )
+
+
+class ConstantArrival(StrictModel):
+    """Evenly spaced arrivals (a deterministic load generator)."""
+
+    kind: Literal["constant"] = "constant"
+    rate: Float = Field(
+        ge=MIN_RATE, le=MAX_RATE, description="Requests per second; inter-arrival time is exactly 1/rate."
+    )
+
+
+class BurstArrival(StrictModel):
+    """Every request arrives at t=0: offline (throughput) batch processing."""
+
+    kind: Literal["burst"] = "burst"
+
+
+class ClosedLoopArrival(StrictModel):
+    """N clients, each sending its next request when its previous one ends, after a think time."""
+
+    kind: Literal["closed_loop"] = "closed_loop"
+    clients: Int = Field(ge=1, description="Number of concurrent clients (the client-side semaphore).")
+    think_time_s: Float = Field(
+        0.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="Mean think time between a response and the next request (exponential; 0 = none).",
+    )
+
+
+class TraceArrival(StrictModel):
+    """Replay arrival times (and, unless given, lengths) from a CSV trace."""
+
+    kind: Literal["trace"] = "trace"
+    path: str = Field(
+        description="CSV path (relative to the scenario file) or a registered trace name, e.g. 'azure-conv-2023'."
+    )
+    time_scale: Float = Field(
+        1.0, ge=1e-6, le=1e6, description="Multiply trace inter-arrival times by this (0.5 = twice the load)."
+    )
+    limit: Int | None = Field(None, ge=1, description="Use at most this many trace rows (from the start).")
+
+
+class SchedulePhase(StrictModel):
+    """One phase of a piecewise-constant Poisson rate."""
+
+    duration_s: Float = Field(gt=0, le=MAX_DURATION_S, description="Length of this phase in seconds.")
+    rate: Float = Field(ge=0, le=MAX_RATE, description="Poisson rate in requests per second during this phase.")
+
+
+class ScheduleArrival(StrictModel):
+    """Piecewise Poisson arrivals (load ramps); the phases repeat cyclically until all requests are sent."""
+
+    kind: Literal["schedule"] = "schedule"
+    phases: list[SchedulePhase] = Field(min_length=1, description="Phases in order; at least one must have rate > 0.")
+
+    @model_validator(mode="after")
+    def _some_load(self) -> ScheduleArrival:
+        if all(p.rate < MIN_RATE for p in self.phases):
+            raise ValueError(f"at least one phase must have rate >= {MIN_RATE:g}")
+        return self
+
+
+Arrival = Annotated[
+    PoissonArrival | GammaArrival | ConstantArrival | BurstArrival | ClosedLoopArrival | TraceArrival | ScheduleArrival,
+    Field(discriminator="kind"),
+]
+
+
+# --------------------------------------------------------------------------- lengths
+class FixedLength(StrictModel):
+    """Every request has the same length."""
+
+    kind: Literal["fixed"] = "fixed"
+    value: Int = Field(ge=1, le=MAX_TOKENS, description="Token count.")
+
+    @property
+    def upper_bound(self) -> int:
+        return self.value
+
+
+class UniformLength(StrictModel):
+    """Integer uniform on [low, high], both inclusive."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: Int = Field(ge=1, le=MAX_TOKENS, description="Smallest token count (inclusive).")
+    high: Int = Field(ge=1, le=MAX_TOKENS, description="Largest token count (inclusive).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    @property
+    def upper_bound(self) -> int:
+        return self.high
+
+
+class _Clamped(StrictModel):
+    min: Int = Field(1, ge=1, le=MAX_TOKENS, description="Clamp: smallest token count.")
+    max: Int = Field(4096, ge=1, le=MAX_TOKENS, description="Clamp: largest token count.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Any:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+    @property
+    def upper_bound(self) -> int:
+        return self.max
+
+
+class NormalLength(_Clamped):
+    """Normal distribution, rounded and clamped to [min, max]."""
+
+    kind: Literal["normal"] = "normal"
+    mean: Float = Field(gt=0, le=MAX_TOKENS, description="Mean token count.")
+    std: Float = Field(ge=0, le=MAX_TOKENS, description="Standard deviation in tokens.")
+
+
+class LognormalLength(_Clamped):
+    """Log-normal distribution (heavy right tail), rounded and clamped to [min, max]."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: Float = Field(gt=0, le=MAX_TOKENS, description="Median token count (exp(mu)).")
+    sigma: Float = Field(ge=0, le=1000, description="Standard deviation of log(tokens).")
+
+
+class ZipfLength(_Clamped):
+    """Zipf (power-law) distribution with exponent a, clamped to [min, max]."""
+
+    kind: Literal["zipf"] = "zipf"
+    a: Float = Field(gt=1, le=100, description="Zipf exponent (> 1).")
+
+
+class EmpiricalLength(StrictModel):
+    """Resample token counts from a column of a CSV file (with replacement)."""
+
+    kind: Literal["empirical"] = "empirical"
+    path: str = Field(description="CSV path (relative to the scenario file) or a registered trace name.")
+    column: str = Field(description="Column holding token counts, e.g. 'num_decode_tokens'.")
+    min: Int = Field(1, ge=1, le=MAX_TOKENS, description="Clamp: smallest token count.")
+    max: Int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Clamp: largest token count (default: the column's maximum)."
+    )
+
+
+Length = Annotated[
+    FixedLength | UniformLength | NormalLength | LognormalLength | ZipfLength | EmpiricalLength,
+    Field(discriminator="kind"),
+]
+
+
+class Workload(StrictModel):
+    """The request stream: how many, when they arrive, how long they are."""
+
+    requests: Int | None = Field(
+        None, ge=1, description="Number of requests (default 1000; for a trace: all rows, capped by arrival.limit)."
+    )
+    arrival: Arrival = Field(description="Arrival process; see the arrival kinds.")
+    prompt_tokens: Length | None = Field(
+        None, description="Prompt length distribution (required unless the arrival is a trace, which supplies lengths)."
+    )
+    output_tokens: Length | None = Field(
+        None, description="Output length distribution (required unless the arrival is a trace)."
+    )
+    max_output_tokens: Int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="The max_tokens every client sends; outputs are clipped to it and static/continuous reserve "
+        "prompt + max_output_tokens of KV per request (default: the output distribution's upper bound).",
+    )
+
+    @field_validator("requests")
+    @classmethod
+    def _requests_fit_in_memory(cls, requests: int | None) -> int | None:
+        if requests is not None and requests > MAX_REQUESTS:
+            need_gb = requests * RECORD_BYTES_PER_REQUEST / 1e9
+            raise ValueError(
+                f"{requests:.3g} requests would need about {need_gb:,.3g} GB of records per policy "
+                f"(~{RECORD_BYTES_PER_REQUEST} bytes each); at most {MAX_REQUESTS:,} are allowed"
+            )
+        return requests
+
+    @model_validator(mode="after")
+    def _lengths_given(self) -> Workload:
+        if self.arrival.kind != "trace":
+            for name in ("prompt_tokens", "output_tokens"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"{name} is required for arrival kind '{self.arrival.kind}'")
+        return self
+
+
