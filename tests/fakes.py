@@ -83,3 +83,17 @@ def assert_nested_close(committed: object, refit: object, path: str = "") -> Non
         assert math.isclose(float(committed), float(refit), rel_tol=1e-4, abs_tol=1e-9), path  # type: ignore[arg-type]
     else:
         assert committed == refit, path
+
+
+def decode_group_ops(max_size: int):  # noqa: ANN201 - a hypothesis strategy
+    """Random DecodeGroup operations: ("add", prompt, generated, output), ("step",), ("remove", index)."""
+    from hypothesis import strategies as st
+
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(1, 40), st.integers(0, 5), st.integers(1, 30)),
+            st.just(("step",)),
+            st.tuples(st.just("remove"), st.integers(0, 50)),
+        ),
+        max_size=max_size,
+    )

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+from fakes import decode_group_ops
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.serving.sequences import DECODE, DecodeGroup, Seq
 
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 40), st.integers(0, 5), st.integers(1, 30)),
-        st.just(("step",)),
-        st.tuples(st.just("remove"), st.integers(0, 50)),
-    ),
-    max_size=80,
-)
+ops = decode_group_ops(max_size=80)
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,7 +11,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, decode_group_ops, make_stream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -140,14 +140,7 @@ def test_a_request_finishing_in_the_block_needs_no_kv_beyond_its_last_token():
 
 
 # ----------------------------------------------------------------------------- KV over K steps
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 40), st.integers(0, 5), st.integers(1, 30)),
-        st.just(("step",)),
-        st.tuples(st.just("remove"), st.integers(0, 50)),
-    ),
-    max_size=60,
-)
+ops = decode_group_ops(max_size=60)
 
 
 @settings(max_examples=200, deadline=None)
