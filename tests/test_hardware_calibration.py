@@ -66,13 +66,18 @@ def test_linear_time_is_the_profile_median_at_profiled_counts(model: str, tp: in
             for t in tokens
         ]
     )
+    # The least-squares non-decreasing fit: monotone, and every run of equal knots
+    # (a pooled block) sits at the mean of the medians it pools (10 ns rounding in the file).
+    assert np.all(np.diff(got_ms) >= -1e-9)
+    block_starts = np.flatnonzero(np.r_[True, np.abs(np.diff(got_ms)) > 1e-6])
+    for start, stop in zip(block_starts, np.r_[block_starts[1:], len(got_ms)], strict=True):
+        np.testing.assert_allclose(got_ms[start:stop], raw_ms[start:stop].mean(), rtol=0, atol=2e-5)
+    # Many counts are not pooled, so the curve is the profile median there...
+    exact = np.abs(got_ms - raw_ms) < 1e-5
+    assert exact.mean() > 0.2
+    # ...and it is closer to the medians than the running max (the upper envelope) is.
     envelope = np.maximum.accumulate(raw_ms)
-    exact = raw_ms >= envelope  # counts no slower than any smaller count
-    # Exactly the median wherever monotonicity allows (rounded to 10 ns in the file)...
-    np.testing.assert_allclose(got_ms[exact], raw_ms[exact], rtol=0, atol=1e-5)
-    # ...and elsewhere the level of the slowest smaller count, never below the median.
-    np.testing.assert_allclose(got_ms, envelope, rtol=0, atol=1e-5)
-    assert exact.mean() > 0.4
+    assert np.sum((got_ms - raw_ms) ** 2) < np.sum((envelope - raw_ms) ** 2)
 
 
 @needs_shared

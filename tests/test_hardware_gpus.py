@@ -28,12 +28,10 @@ needs_shared = pytest.mark.skipif(
 )
 ALL_CONFIGS = calibrated_configs()
 NEW_GPU_CONFIGS = [c for c in ALL_CONFIGS if c[1] != "a100-80gb"]
-# Held-out linear-op MAPE bound per GPU. The 3% target is met on every A100 and A40
-# calibration; on the H100 the profile has sharper non-monotone steps (tile/wave
-# quantization) that the running-max knots smooth upwards, so 6 of 19 H100 calibrations
-# land between 3.0% and 3.9%: bounded at 4% here and reported as a miss in
-# docs/cost_model.md rather than hidden by a looser fit.
-LINEAR_MAPE_BOUND = {"a100-80gb": 0.03, "a40": 0.03, "h100-sxm": 0.04}
+# Held-out linear-op MAPE bound per GPU: the 3% target on every calibration. The H100
+# profile steps harder at tile/wave boundaries; with running-max knots 6 of its 19
+# calibrations missed 3% (up to 3.9%), with isotonic knots none does (worst 2.6%).
+LINEAR_MAPE_BOUND = {"a100-80gb": 0.03, "a40": 0.03, "h100-sxm": 0.03}
 
 
 def test_every_profiled_gpu_has_calibrations() -> None:
@@ -101,18 +99,29 @@ def test_committed_gpu_roofline_matches_refit(gpu: str) -> None:
     _assert_close(committed, fit_gpu_roofline_file(PROFILES, gpu))
 
 
-# Leave-one-model-out on each GPU's own profiles: target 8%. The A40 meets it for all six
-# models; the H100 misses it on its two smallest (llama-2-7b 10.4%, phi-2 8.6%), whose
-# per-layer times sit where launch latency, not either roof, binds: bounded at 11% there.
-LOMO_BOUND = {"a40": 0.08, "h100-sxm": 0.11}
+# Leave-one-model-out on each GPU's own profiles: target 8% for every model. Before the
+# per-kernel latency term the H100's two smallest models missed it (llama-2-7b 10.4%,
+# phi-2 8.6%): one efficiency per token count cannot serve narrow and wide layers at once.
+LOMO_BOUND = 0.08
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a40"])
 def test_per_gpu_leave_one_model_out(gpu: str) -> None:
     loo = read_yaml(CALIBRATION_DIR / roofline_file_name(gpu))["leave_one_model_out"]
     scores = {m: v["mape"] for m, v in loo.items() if m != "note"}
-    assert len(scores) == 6 and max(scores.values()) <= LOMO_BOUND[gpu]
-    assert sum(v <= 0.08 for v in scores.values()) >= 4
+    assert len(scores) == 6 and max(scores.values()) <= LOMO_BOUND
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a40"])
+@needs_shared
+def test_kernel_latency_is_a_few_microseconds_and_below_every_measured_time(gpu: str) -> None:
+    roof = read_yaml(CALIBRATION_DIR / roofline_file_name(gpu))
+    latency_ms = roof["efficiency"]["latency_ms"]
+    tables = ProfileSet(PROFILES, gpu).all_mlp(extra=True)
+    for op, ms in latency_ms.items():
+        fastest = min(float(t[op].min()) for t in tables.values() if op in t.columns)
+        assert 0 <= ms < fastest  # a launch floor cannot exceed the fastest kernel measured
+        assert ms <= 0.02  # 20 us: launch + first wave, not a whole kernel
 
 
 def test_unprofiled_models_on_profiled_gpus_are_labelled_transferred() -> None:

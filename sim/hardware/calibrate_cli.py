@@ -135,12 +135,12 @@ def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
     gpus = [args.gpu] if args.gpu else list(calibrate.PROFILED_GPUS)
     for gpu in gpus:
         _run_gpu(profiles, gpu, args)
-    if calibrate.PROFILED_GPU not in gpus:
+    if not args.report:
         return 0
-    if args.report:
-        from sim.hardware import fit_report
+    from sim.hardware import fit_report
 
-        text, md, png = fit_report.transfer_report(profiles, args.report_dir)
+    for gpu in gpus:
+        text, md, png = fit_report.transfer_report(ProfileSet(profiles.root, gpu), args.report_dir)
         print(text)
         print(f"saved {md} and {png}")
     return 0

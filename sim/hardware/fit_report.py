@@ -24,7 +24,6 @@ from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
 from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
 from sim.hardware.profiles import (  # noqa: E402
     GPU_TITLES,
-    LICENCE,
     ProfileSet,
     all_reduce_file,
     licence,
@@ -36,6 +35,7 @@ SHARE_BATCHES = ((1, 1024), (32, 1024), (128, 2048))
 
 TARGETS = {"linear": 0.05, "attention_decode": 0.10, "attention_prefill": 0.10}
 TRANSFER_TARGET = 0.10
+GPU_TRANSFER_TARGET = 0.08
 
 
 def _rows(results: list[holdout.Holdout]) -> list[str]:
@@ -268,34 +268,42 @@ def _plot_errors(ax: Axes, results: list[holdout.Holdout]) -> None:
 
 
 def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Path, Path]:
-    """Leave-one-model-out roofline transfer: write ``transfer_loo.md`` and ``.png``."""
+    """Leave-one-model-out roofline transfer on ``profiles.gpu``: write the Markdown and PNG.
+
+    A100: ``transfer_loo.md`` / ``.png`` over the six models of its roofline fit (target
+    10%); other GPUs: ``transfer_loo_<gpu>.md`` / ``.png`` over every model profiled on
+    them (target 8%, the per-GPU target of the GPU issue).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = GPUS["a100-80gb"]
-    tables = profiles.all_mlp()
+    gpu = GPUS[profiles.gpu]
+    reference = gpu.name == "a100-80gb"
+    tables = profiles.all_mlp(extra=not reference)
+    target = TRANSFER_TARGET if reference else GPU_TRANSFER_TARGET
+    stem = "transfer_loo" if reference else f"transfer_loo_{gpu.name}"
     loo = roofline.leave_one_model_out(tables, gpu)
-    png = out_dir / "transfer_loo.png"
+    png = out_dir / f"{stem}.png"
     _plot_transfer(tables, gpu, png)
     lines = [
-        "# Roofline transfer: leave one profiled model out",
+        f"# Roofline transfer on {GPU_TITLES[gpu.name]}: leave one profiled model out",
         "",
-        "Per-op compute and memory efficiencies are fitted on five profiled models (all their TP "
-        "degrees); the sixth model's per-layer linear-op time is then predicted from its "
-        "architecture "
-        "alone and compared with its profile at every (TP, token count). Target: MAPE <= 10%.",
+        f"Per-op compute and memory efficiencies are fitted on {len(tables) - 1} of the "
+        f"{len(tables)} models profiled on this GPU (all their TP degrees); the held-out model's "
+        "per-layer linear-op time is then predicted from its architecture alone and compared "
+        f"with its profile at every (TP, token count). Target: MAPE <= {target:.0%}.",
         "",
         "| held-out model | rows > 0.05 ms | MAPE | worst | mean signed error | met |",
         "|---|---|---|---|---|---|",
     ]
     for name, s in loo.items():
-        met = "yes" if s["mape"] <= TRANSFER_TARGET else "no"
+        met = "yes" if s["mape"] <= target else "no"
         lines.append(
             f"| {name} | {s['rows']} | {s['mape']:.1%} | {s['worst']:.1%} "
             f"| {s['bias']:+.1%} | {met} |"
         )
-    lines += ["", f"![measured vs transferred]({png.name})", "", f"Source: {LICENCE}.", ""]
+    lines += ["", f"![measured vs transferred]({png.name})", "", f"Source: {licence(gpu.name)}.", ""]
     text = "\n".join(lines)
-    md = out_dir / "transfer_loo.md"
+    md = out_dir / f"{stem}.md"
     md.write_text(text)
     return text, md, png
 
@@ -321,7 +329,8 @@ def _plot_transfer(tables: dict, gpu: GPUSpec, path: Path) -> None:
         )
         ax.legend(fontsize=8)
     fig.suptitle(
-        "Roofline transfer: profile (points) vs prediction from the other five models (lines)"
+        f"Roofline transfer on {GPU_TITLES[gpu.name]}: profile (points) vs prediction "
+        "from the other profiled models (lines)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)

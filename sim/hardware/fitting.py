@@ -3,7 +3,10 @@
 All times are per-layer or per-iteration milliseconds, as in the profiles.
 
 * Linear ops: knots at every profiled token count, per iteration
-  (layers x sum of per-layer op medians + embedding), made monotone by a running max.
+  (layers x sum of per-layer op medians + embedding), made monotone by an isotonic
+  (least-squares non-decreasing) fit. Held out, it beats the running max on every GPU:
+  a running max carries a slow outlier over every faster count after it (H100 profiles
+  have several), while the least-squares fit splits the difference.
 * LM head (not profiled): this model's measured MLP up-projection at the same row count,
   times vocab / up-projection width. Both are GEMMs reading the same [rows x hidden]
   input; on a roofline their FLOPs and weight bytes scale by that same ratio.
@@ -33,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec, get_model
-from sim.hardware.curves import isotonic, log_spaced_indices, running_max
+from sim.hardware.curves import isotonic, log_spaced_indices
 from sim.hardware.profiles import LAYER_OPS
 
 FIT_MIN_MS = 0.05
@@ -56,15 +59,15 @@ def linear_points(mlp: pd.DataFrame, model: ModelSpec, tp: int) -> tuple[np.ndar
 
 
 def monotone_knots(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Knots through every point, each value raised to the running max (see curves)."""
-    return np.asarray(xs, float), running_max(ys)
+    """Knots at every point, valued by the isotonic fit of the medians (see curves)."""
+    return np.asarray(xs, float), isotonic(ys)
 
 
 def lm_head_points(mlp: pd.DataFrame, model: ModelSpec, tp: int) -> tuple[np.ndarray, np.ndarray]:
     """LM head ms at the profiled row counts, scaled from the measured up-projection."""
     rows = mlp[mlp["tp"] == tp].sort_values("tokens")
     up_width = (2 if model.gated_mlp else 1) * model.mlp_hidden_size
-    up_ms = running_max(rows["mlp_up_proj"].to_numpy(dtype=float))
+    up_ms = isotonic(rows["mlp_up_proj"].to_numpy(dtype=float))
     return rows["tokens"].to_numpy(dtype=float), up_ms * model.vocab_size / up_width
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from sim.hardware import fitting
 from sim.hardware.catalog import ModelSpec
-from sim.hardware.curves import PiecewiseLinear, error_summary, isotonic, running_max
+from sim.hardware.curves import PiecewiseLinear, error_summary, isotonic
 from sim.hardware.profiles import GPU_TITLES, ProfileSet, all_reduce_file
 
 
@@ -66,7 +66,7 @@ def linear_holdout(mlp: pd.DataFrame, model: ModelSpec, tp: int) -> Holdout:
     """Linear ops per iteration: knots on even token counts, scored on odd ones."""
     tokens, ms = fitting.linear_points(mlp, model, tp)
     return _curve_holdout(
-        "linear", tokens, ms, running_max, f"{model.name} TP{tp}, all layers + embedding"
+        "linear", tokens, ms, isotonic, f"{model.name} TP{tp}, all layers + embedding"
     )
 
 

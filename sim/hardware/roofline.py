@@ -1,12 +1,17 @@
 """Roofline model of the linear ops, with efficiencies fitted on the profiled models.
 
 Each op's ideal time is max(FLOPs / peak, bytes / bandwidth) on the GPU's datasheet
-roofs; the measured time on A100 is the ideal time divided by an efficiency. For every
+roofs; the measured time is a fixed per-kernel latency plus the ideal time divided by an
+efficiency. The latency (a few microseconds: launch and the first wave's fill) is the
+intercept of time against bytes over the memory-bound rows of <= 8 tokens, capped at 90%
+of the op's fastest measured time; without it one efficiency per token count cannot
+serve a 2560-wide and an 8192-wide model at once (small layers ran ~8% slower than
+predicted on the H100). For every
 op we fit two efficiency curves against the token count: a compute efficiency (median
 over the profiled models and TP degrees of ideal/measured, on rows where the compute
 roof binds) and a memory efficiency (the same on memory-bound rows), each on ~48
 log-spaced token knots (median over a +-12% window). A model without a profile then
-costs max(FLOPs / (peak x e_c(T)), bytes / (bandwidth x e_m(T))) per op, on A100
+costs latency + max(FLOPs / (peak x e_c(T)), bytes / (bandwidth x e_m(T))) per op, on A100
 (label "transferred") or any catalog GPU, whose roofs replace A100's
 ("uncalibrated (roofline)"). Leave-one-model-out fits measure how well this transfers.
 
@@ -33,8 +38,13 @@ WINDOW = 1.12
 EMB = "emb"
 LM_HEAD_OP = "mlp_up_proj"  # the LM head borrows the up-projection's efficiencies
 
+LATENCY_MAX_TOKENS = 8
+LATENCY_CAP = 0.9
+
 EFFICIENCY_NOTE = (
-    "per op: time = max(FLOPs / (peak x compute), bytes / (bandwidth x memory)); compute and "
+    "per op: time = latency + max(FLOPs / (peak x compute), bytes / (bandwidth x memory)); "
+    "latency: intercept of time vs bytes on memory-bound rows of <= 8 tokens (capped at 90% of "
+    "the op's fastest time); compute and "
     "memory are medians of ideal/measured over the six profiled models and their TP degrees, "
     "on rows where "
     "that roof binds, in a +-12% token window around each knot; interpolated in log(tokens)"
@@ -88,8 +98,12 @@ def _ideal_s(flops: np.ndarray, nbytes: np.ndarray, gpu: GPUSpec) -> tuple[np.nd
     return flops / (gpu.peak_bf16_tflops * 1e12), nbytes / (gpu.hbm_gb_per_s * 1e9)
 
 
-def efficiency_rows(tables: Mapping[str, pd.DataFrame], gpu: GPUSpec) -> pd.DataFrame:
-    """One row per (model, TP, op, tokens): ideal/measured ratio and the binding roof."""
+def efficiency_rows(
+    tables: Mapping[str, pd.DataFrame], gpu: GPUSpec, latency_ms: Mapping[str, float] | None = None
+) -> pd.DataFrame:
+    """One row per (model, TP, op, tokens): ideal / (measured - latency), the binding roof,
+    the memory-roof time and the measured time (seconds)."""
+    latency_ms = latency_ms or {}
     frames = []
     for name, table in tables.items():
         model = get_model(name)
@@ -100,18 +114,37 @@ def efficiency_rows(tables: Mapping[str, pd.DataFrame], gpu: GPUSpec) -> pd.Data
                     continue
                 t_c, t_m = _ideal_s(flops, nbytes, gpu)
                 measured_s = rows[op].to_numpy(float) * 1e-3
+                busy_s = np.maximum(measured_s - latency_ms.get(op, 0.0) * 1e-3, 1e-12)
                 frames.append(
                     pd.DataFrame(
                         {
                             "model": name,
                             "op": op,
                             "tokens": tokens,
-                            "ratio": np.maximum(t_c, t_m) / measured_s,
+                            "ratio": np.maximum(t_c, t_m) / busy_s,
                             "compute_bound": t_c > t_m,
+                            "memory_s": t_m,
+                            "measured_s": measured_s,
                         }
                     )
                 )
     return pd.concat(frames, ignore_index=True)
+
+
+def fit_latencies(rows: pd.DataFrame) -> dict[str, float]:
+    """Per-op fixed latency (ms): intercept of measured time vs memory-roof time over the
+    memory-bound rows of <= LATENCY_MAX_TOKENS tokens, in [0, 90% of the fastest row]."""
+    latency = {}
+    for op, op_rows in rows.groupby("op", sort=False):
+        small = op_rows[(op_rows["tokens"] <= LATENCY_MAX_TOKENS) & ~op_rows["compute_bound"]]
+        if len(small) < 2:
+            latency[str(op)] = 0.0
+            continue
+        design = np.column_stack([np.ones(len(small)), small["memory_s"]])
+        (intercept, _), *_ = np.linalg.lstsq(design, small["measured_s"], rcond=None)
+        cap = LATENCY_CAP * float(op_rows["measured_s"].min())
+        latency[str(op)] = round(max(0.0, min(float(intercept), cap)) * 1e3, 7)
+    return latency
 
 
 def _window_medians(rows: pd.DataFrame, knots: np.ndarray, bound: pd.Series) -> list[float] | None:
@@ -132,12 +165,14 @@ def _window_medians(rows: pd.DataFrame, knots: np.ndarray, bound: pd.Series) -> 
 
 
 def fit_efficiencies(tables: Mapping[str, pd.DataFrame], gpu: GPUSpec) -> dict:
-    """Efficiency curves per op from the MLP profiles of several models (see module doc).
+    """Latencies and efficiency curves per op from the MLP profiles of several models.
 
     Returns:
-        ``{"tokens": [...], "ops": {op: {"compute": [...] | None, "memory": [...]}}}``.
+        ``{"tokens": [...], "latency_ms": {op: ms}, "ops": {op: {"compute": [...] | None,
+        "memory": [...]}}}`` (see the module doc).
     """
-    rows = efficiency_rows(tables, gpu)
+    latency = fit_latencies(efficiency_rows(tables, gpu))
+    rows = efficiency_rows(tables, gpu, latency)
     grid = np.unique(rows["tokens"])
     knots = grid[log_spaced_indices(grid, EFFICIENCY_KNOTS)]
     ops = {}
@@ -147,7 +182,7 @@ def fit_efficiencies(tables: Mapping[str, pd.DataFrame], gpu: GPUSpec) -> dict:
             "compute": _window_medians(op_rows, knots, bound),
             "memory": _window_medians(op_rows, knots, ~bound),
         }
-    return {"tokens": [int(k) for k in knots], "ops": ops}
+    return {"tokens": [int(k) for k in knots], "latency_ms": latency, "ops": ops}
 
 
 def _efficiency(curve: list[float] | None, knots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -164,7 +199,8 @@ def _op_ms(
     t_c, t_m = _ideal_s(flops, nbytes, gpu)
     compute = t_c / _efficiency(curves["compute"], knots, tokens)
     memory = t_m / _efficiency(curves["memory"], knots, tokens)
-    return np.maximum(compute, memory) * 1e3
+    # Files fitted before latencies existed have none: their efficiencies absorbed it.
+    return eff.get("latency_ms", {}).get(op, 0.0) + np.maximum(compute, memory) * 1e3
 
 
 def predict_ops_ms(
