@@ -3,8 +3,9 @@
 Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``schema`` (the scenario field reference), ``quickstart`` (results/quickstart/summary.md)
 ``speedup`` (the table of results/batching_speedup.md) and ``validation``
-(results/validation/vllm-0.6.0-burst.md). ``--check`` exits 1 when the
-README is stale; tests/test_readme.py runs that check.
+(results/validation/vllm-0.6.0-burst.md). Pages under docs/ may hold any of the same
+blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
+tests/test_readme.py runs that check.
 
     python scripts/update_readme.py [--check]
 """
@@ -36,26 +37,37 @@ def blocks() -> dict[str, str]:
     }
 
 
-def render(readme: str) -> str:
-    """README text with every generated block replaced by its current content."""
+def render(text: str, required: bool = True) -> str:
+    """``text`` with every generated block replaced by its current content.
+
+    Args:
+        text: a Markdown file's content.
+        required: the README must hold every block; docs pages only some.
+    """
     for name, body in blocks().items():
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no '{name}' block")
-        readme = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), readme)
-    return readme
+        if not pattern.search(text):
+            if required:
+                raise SystemExit(f"README.md has no '{name}' block")
+            continue
+        text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
+    return text
 
 
 def main(argv: list[str]) -> int:
-    path = REPO / "README.md"
-    current = path.read_text()
-    fresh = render(current)
-    if "--check" in argv:
-        if fresh != current:
-            print("README.md is stale: run python scripts/update_readme.py")
-            return 1
-        return 0
-    path.write_text(fresh)
+    pages = [(REPO / "README.md", True)] + [(p, False) for p in sorted((REPO / "docs").glob("*.md"))]
+    stale = []
+    for path, required in pages:
+        current = path.read_text()
+        fresh = render(current, required)
+        if fresh == current:
+            continue
+        stale.append(path.relative_to(REPO))
+        if "--check" not in argv:
+            path.write_text(fresh)
+    if "--check" in argv and stale:
+        print(f"stale: {', '.join(map(str, stale))}: run python scripts/update_readme.py")
+        return 1
     return 0
 
 
