@@ -106,6 +106,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summary-only", action="store_true",
                    help="keep and write only the summary (one policy's records in memory at a time; no "
                         "requests.csv, iterations.csv or plots): for runs of millions of requests")
+    p.add_argument("--trace-events", action="store_true",
+                   help="also write trace.json: every forward pass and request as a Chrome trace-event file "
+                        "(open in ui.perfetto.dev)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -116,6 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.report.tables import summary_text
     from sim.runner import run
 
+    if args.trace_events and args.summary_only:
+        raise UserError("--trace-events needs the per-pass records that --summary-only drops; give one of them",
+                        field="trace-events")
     scenario = load_from_args(args)
     out_dir = Path(args.out) if args.out else Path("results") / scenario.name
     check_output_dir(out_dir)  # before simulating: a bad --out must not cost a long run
@@ -124,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
     for warning in caught:  # one plain line each (estimates before a large run, an empty warm-up window)
         print(f"warning: {warning.message}", file=sys.stderr)
-    result.save(out_dir, plots=not args.no_plots)
+    result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events)
     if not args.quiet:
         facts = result.facts
         print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {scenario.gpu} "

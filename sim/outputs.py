@@ -67,7 +67,10 @@ PLOTS = {
 }
 RESOLVED_YAML = "scenario.resolved.yaml"
 # Every file save_result may write: the only names a results folder may hold to be replaced.
-RESULT_FILES = frozenset({"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML, *PLOTS})
+TRACE_FILE = "trace.json"
+RESULT_FILES = frozenset(
+    {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML, TRACE_FILE, *PLOTS}
+)
 
 
 @dataclass(frozen=True)
@@ -307,8 +310,9 @@ def _tmp_prefix(target: Path) -> str:
 
 
 # --------------------------------------------------------------------------- writing a result
-def save_result(result: RunResult, out_dir: Path, *, plots: bool = True) -> Path:
-    """Write summary, per-request/per-iteration CSVs, the resolved scenario and plots to ``out_dir``.
+def save_result(result: RunResult, out_dir: Path, *, plots: bool = True, trace_events: bool = False) -> Path:
+    """Write summary, per-request/per-iteration CSVs, the resolved scenario and plots to ``out_dir``
+    (and ``trace.json`` with ``trace_events``).
 
     Raises:
         UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write.
@@ -317,7 +321,21 @@ def save_result(result: RunResult, out_dir: Path, *, plots: bool = True) -> Path
         write_tables(result, tmp)
         if plots and not result.summary_only:
             write_plots(result, tmp)
+        if trace_events and not result.summary_only:
+            write_trace(result, tmp / TRACE_FILE)
     return out_dir
+
+
+def write_trace(result: RunResult, path: Path) -> None:
+    """The run as a Chrome trace-event file (see :mod:`sim.report.trace_events`)."""
+    import json
+
+    from sim.report.trace_events import trace_events
+
+    client = result.scenario.client
+    document = trace_events(result.requests, result.iterations, timeout_s=client.timeout_s if client else None)
+    with path.open("w") as handle:
+        json.dump(document, handle, separators=(",", ":"))
 
 
 def write_tables(result: RunResult, folder: Path) -> None:

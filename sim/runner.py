@@ -122,11 +122,12 @@ class RunResult:
     seed: int = field(default=0)
     summary_only: bool = False
 
-    def save(self, out_dir: str | Path, *, plots: bool = True) -> Path:
-        """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`)."""
+    def save(self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False) -> Path:
+        """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`);
+        with ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run)."""
         from sim.outputs import save_result
 
-        return save_result(self, Path(out_dir), plots=plots)
+        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events)
 
     def __repr__(self) -> str:
         from sim.report.tables import summary_text
