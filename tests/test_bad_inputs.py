@@ -94,6 +94,11 @@ OVERRIDE_CASES = {
     ),
     "max_model_len beyond the model": ({"max_model_len": 100_000}, ["max_model_len = 100000", "4096"]),
     "unknown router": ({"router": "fastest"}, ["router", "fastest"]),
+    "unknown send order": ({"workload.order": "shortest_first"}, ["workload.order", "shortest_first"]),
+    "unknown retry backoff": (
+        {"client": {"timeout_s": 30, "max_retries": 2, "backoff": "linear"}},
+        ["client.backoff", "linear"],
+    ),
 }
 
 

@@ -22,7 +22,7 @@ nbclient = pytest.importorskip(
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-EXPECTED = {"compare_policies", "calibration", "seed_table"}
+EXPECTED = {"compare_policies", "calibration", "seed_table", "client_advice"}
 CELL_TIMEOUT_S = 120
 PARAMETERS_TAG = "parameters"
 

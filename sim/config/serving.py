@@ -72,7 +72,17 @@ class ClientConfig(StrictModel):
         description="A request unfinished this long after it was sent is abandoned (timed_out).",
     )
     max_retries: Int = Field(0, ge=0, le=1000, description="Re-sends after a rejection (HTTP 429).")
-    backoff_s: Float = Field(1.0, ge=0, le=MAX_DURATION_S, description="First retry delay; doubles with every retry.")
+    backoff_s: Float = Field(
+        1.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="First retry delay; doubles with every retry (backoff: exponential) or stays fixed.",
+    )
+    backoff: Literal["exponential", "fixed"] = Field(
+        "exponential",
+        description="Retry delay rule: 'exponential' waits backoff_s * 2**k before re-send k+1; 'fixed' "
+        "waits backoff_s every time (e.g. 'retry a 429 after 8 s').",
+    )
 
 
 class AdmissionConfig(StrictModel):

@@ -210,6 +210,12 @@ class Workload(StrictModel):
         description="The max_tokens every client sends; outputs are clipped to it and static/continuous reserve "
         "prompt + max_output_tokens of KV per request (default: the output distribution's upper bound).",
     )
+    order: Literal["arrival", "prompt_ascending", "prompt_descending"] = Field(
+        "arrival",
+        description="Send order of the requests: 'arrival' as drawn; 'prompt_ascending'/'prompt_descending' "
+        "sort them by prompt length (stable; a client cannot know output lengths), keeping the same send "
+        "times and the same requests, only reassigned to the time slots (or closed-loop turns).",
+    )
 
     @field_validator("requests")
     @classmethod

@@ -6,7 +6,9 @@ out, finally rejected) makes its client send the next unsent request index after
 request's think time. With ``client.timeout_s`` each request is abandoned at first send
 + timeout if it has not completed; with ``admission.max_queue`` a send to a replica
 whose queue is full is rejected and, while retries remain, re-sent after
-``backoff_s * 2**k`` (k = retries so far). Retries go through the router again.
+:func:`retry_delay_s`: ``backoff_s * 2**k`` (k = retries so far) with
+``client.backoff: exponential``, ``backoff_s`` every time with ``fixed``. Retries go
+through the router again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ from sim.serving.frontend import FrontEnd
 from sim.serving.router import Router
 from sim.serving.state import ReplicaState
 from sim.workload.stream import RequestStream
+
+
+def retry_delay_s(backoff: str, backoff_s: float, retries: int) -> float:
+    """Delay before the next re-send of a rejected request.
+
+    Args:
+        backoff: ``exponential`` (doubling) or ``fixed``.
+        backoff_s: the first delay (``client.backoff_s``).
+        retries: re-sends made so far (0 before the first).
+
+    Returns:
+        ``backoff_s * 2**retries`` for exponential, ``backoff_s`` for fixed.
+    """
+    return backoff_s if backoff == "fixed" else backoff_s * 2**retries
 
 
 class Clients:
@@ -68,6 +84,7 @@ class Clients:
         self._timeout_s = client.timeout_s if client else None
         self._max_retries = client.max_retries if client else 0
         self._backoff_s = client.backoff_s if client else 0.0
+        self._backoff = client.backoff if client else "exponential"
         self._max_queue = admission.max_queue if admission else None
         self._refuse = refuse if refuse is not None and refuse.any() else None
         self._frontend = FrontEnd(env, frontend, stream.prompt_tokens, self._handed_over) if frontend else None
@@ -156,7 +173,7 @@ class Clients:
         if retries < self._max_retries:
             records.retries[rid] = retries + 1
             records.status[rid] = BACKOFF
-            delay_s = self._backoff_s * 2**retries
+            delay_s = retry_delay_s(self._backoff, self._backoff_s, retries)
             self._later(delay_s, self._retry, rid)
             return
         records.status[rid] = REJECTED

@@ -20,6 +20,7 @@ from sim.errors import UserError
 from sim.rng import RandomStreams
 from sim.workload.arrivals import closed_loop_clients, sample_arrivals
 from sim.workload.lengths import make_length_sampler
+from sim.workload.order import send_permutation
 from sim.workload.stream import ClosedLoop, RequestStream
 from sim.workload.traces import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, load_trace
 
@@ -53,7 +54,9 @@ def build_request_stream(
         synthetic arrivals; for a trace, all its rows capped by ``arrival.limit`` and then
         by ``requests``. ``max_output_tokens`` is ``workload.max_output_tokens`` if given,
         else the output distribution's upper bound (the trace's column maximum when
-        outputs come from a trace); outputs are clipped to it.
+        outputs come from a trace); outputs are clipped to it. ``workload.order``
+        permutes the drawn requests over the unchanged send times (see
+        :func:`~sim.workload.order.send_permutation`).
 
     Raises:
         UserError: a trace or length file is missing or corrupt, or a trace used for
@@ -70,10 +73,11 @@ def build_request_stream(
     )
     max_output_tokens = workload.max_output_tokens or output_bound
     arrival_s, closed_loop = _send_times(workload, n, replay, streams)
+    order = send_permutation(workload.order, prompt_tokens)
     return RequestStream(
         arrival_s=arrival_s,
-        prompt_tokens=prompt_tokens,
-        output_tokens=np.minimum(output_tokens, max_output_tokens),
+        prompt_tokens=prompt_tokens[order],
+        output_tokens=np.minimum(output_tokens[order], max_output_tokens),
         max_output_tokens=int(max_output_tokens),
         closed_loop=closed_loop,
     )
