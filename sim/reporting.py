@@ -57,6 +57,10 @@ def regenerate_results(
     from sim.validation.report import report_validation
 
     report_validation(out_dir, log=log)  # results/validation/: real vLLM runs vs their replay
+    from sim.report.client_advice import write_client_advice
+
+    write_client_advice(out_dir)
+    log(f"wrote {out_dir / 'client_advice.md'}")
     return summaries
 
 
