@@ -172,11 +172,21 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         if share is not None:
             _kv_budget(scenario, model, gpu, share)
     cost_model = load_cost_model(
-        scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+        scenario.model,
+        scenario.gpu,
+        scenario.tensor_parallel,
+        cpu_overhead=scenario.cost.cpu_overhead,
+        expert_parallel=scenario.expert_parallel,
     )
     gpu_cost_model = None
     if any(getattr(p, "engine_cpu", None) is not None for p in scenario.policies):
-        gpu_cost_model = load_cost_model(scenario.model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=False)
+        gpu_cost_model = load_cost_model(
+            scenario.model,
+            scenario.gpu,
+            scenario.tensor_parallel,
+            cpu_overhead=False,
+            expert_parallel=scenario.expert_parallel,
+        )
     stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
     check_arrival_span(stream)
     max_len, source = _context_window(scenario, model)

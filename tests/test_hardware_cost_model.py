@@ -46,6 +46,8 @@ CASES = [
     for m in MODELS
     for g, tp in (("a100-80gb", 1), ("a100-80gb", 2), ("h100-sxm", 1), ("h200", 4))
     if get_model(m).num_q_heads % tp == 0 and get_model(m).num_kv_heads % tp == 0
+    # Dense floors (every weight read, every parameter's FLOPs); MoE floors: tests/test_moe_cost.py.
+    and get_model(m).moe is None
 ]
 
 

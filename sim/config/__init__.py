@@ -48,6 +48,14 @@ class Scenario(StrictModel):
     model: str = Field("llama-2-7b", description="Model name (python -m sim list models).")
     gpu: str = Field("a100-80gb", description="GPU name (python -m sim list gpus).")
     tensor_parallel: Int = Field(1, ge=1, le=1024, description="GPUs per replica (tensor-parallel degree).")
+    expert_parallel: Int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Mixture-of-experts models: split the routed experts into this many groups of the replica's "
+        "GPUs (divides tensor_parallel and the expert count), each expert tensor-parallel over "
+        "tensor_parallel / expert_parallel GPUs, with an all-to-all per MoE layer; 1 = every expert on every GPU.",
+    )
     replicas: Int = Field(1, ge=1, le=10_000, description="Independent model replicas behind the router.")
     max_model_len: Int | None = Field(
         None,

@@ -17,6 +17,70 @@ from sim.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward layers (Hugging Face ``config.json`` names in brackets).
+
+    Attributes:
+        num_experts: routed experts per MoE layer (``num_local_experts`` / ``n_routed_experts``
+            / ``num_experts``).
+        top_k: routed experts each token is sent to (``num_experts_per_tok``).
+        expert_ffn: one expert's gated-MLP width (``moe_intermediate_size``; Mixtral:
+            ``intermediate_size``).
+        shared_experts: experts every token passes through (``n_shared_experts``, DeepSeek),
+            each ``expert_ffn`` wide.
+        dense_layers: leading layers with a dense MLP of ``ModelSpec.mlp_hidden_size``
+            instead of experts (``first_k_dense_replace``, DeepSeek).
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    dense_layers: int = 0
+
+    def expert_params(self, hidden_size: int) -> int:
+        """Weights of one gated expert (gate, up and down projections)."""
+        return 3 * hidden_size * self.expert_ffn
+
+    def router_params(self, hidden_size: int) -> int:
+        """Router weights; a single expert needs no router (it takes every token)."""
+        return hidden_size * self.num_experts if self.num_experts > 1 else 0
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): K and V are cached as one compressed latent.
+
+    Attributes:
+        kv_lora_rank: width of the cached KV latent (``kv_lora_rank``).
+        q_lora_rank: width of the query's low-rank bottleneck (``q_lora_rank``; 0 = none,
+            DeepSeek-V2-Lite projects queries directly).
+        rope_dim: rotary part of each query/key head, cached once per token (``qk_rope_head_dim``).
+        nope_dim: non-rotary part of each query/key head (``qk_nope_head_dim``).
+        v_head_dim: value head width (``v_head_dim``).
+    """
+
+    kv_lora_rank: int
+    q_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_head_dim: int
+
+    @property
+    def cached_width(self) -> int:
+        """Values cached per token and layer: the latent plus the shared rotary key."""
+        return self.kv_lora_rank + self.rope_dim
+
+    def params(self, hidden_size: int, heads: int) -> int:
+        """Attention weights of one layer: query path, KV down/up projections, output."""
+        qk = heads * (self.nope_dim + self.rope_dim)
+        query = hidden_size * self.q_lora_rank + self.q_lora_rank * qk if self.q_lora_rank else hidden_size * qk
+        kv_down = hidden_size * self.cached_width
+        kv_up = self.kv_lora_rank * heads * (self.nope_dim + self.v_head_dim)
+        return query + kv_down + kv_up + heads * self.v_head_dim * hidden_size
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer's shape.
 
@@ -38,6 +102,11 @@ class ModelSpec:
             layer, phi-2) instead of running one after the other (two norms).
         explicit_head_dim: head width when config.json sets ``head_dim`` apart from
             hidden / heads (Mistral-Nemo: 128, not 160); 0 = hidden // heads.
+        moe: mixture-of-experts FFN (None: dense MLP of ``mlp_hidden_size`` in every layer).
+        mla: multi-head latent attention (None: multi-head / grouped-query attention).
+        weight_dtype_bytes: bytes per transformer weight when stored narrower than
+            ``dtype_bytes`` (DeepSeek-V3's fp8 release: 1); embeddings, LM head, activations
+            and KV stay at ``dtype_bytes``. 0 = ``dtype_bytes``.
     """
 
     name: str
@@ -55,6 +124,9 @@ class ModelSpec:
     rotary: bool = True
     parallel_block: bool = False
     explicit_head_dim: int = 0
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    weight_dtype_bytes: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -63,17 +135,47 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Parameter count (weights; biases and norms are under 0.1% and left out)."""
-        h, hd = self.hidden_size, self.head_dim
-        attention = h * (self.num_q_heads + 2 * self.num_kv_heads) * hd + self.num_q_heads * hd * h
-        mlp = (3 if self.gated_mlp else 2) * h * self.mlp_hidden_size
-        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * h
-        return self.num_layers * (attention + mlp) + embeddings
+        """Parameter count (weights; biases and norms are under 0.1% and left out).
+
+        For a MoE model this is the *total* (every expert): what memory must hold.
+        """
+        return self._params(active=False)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to."""
+        return self._params(active=True)
+
+    @property
+    def embedding_params(self) -> int:
+        """Embedding and LM-head weights (one matrix when tied)."""
+        return (1 if self.tied_embeddings else 2) * self.vocab_size * self.hidden_size
+
+    @property
+    def weight_bytes_per_param(self) -> int:
+        """Bytes of one transformer-layer weight (narrower than ``dtype_bytes`` for fp8)."""
+        return self.weight_dtype_bytes or self.dtype_bytes
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights at ``dtype_bytes`` per parameter."""
-        return self.num_params * self.dtype_bytes
+        """Bytes of all weights: layers at ``weight_bytes_per_param``, embeddings at ``dtype_bytes``."""
+        embeddings = self.embedding_params
+        return (self.num_params - embeddings) * self.weight_bytes_per_param + embeddings * self.dtype_bytes
+
+    def _params(self, *, active: bool) -> int:
+        h, hd = self.hidden_size, self.head_dim
+        if self.mla is None:
+            attention = h * (self.num_q_heads + 2 * self.num_kv_heads) * hd + self.num_q_heads * hd * h
+        else:
+            attention = self.mla.params(h, self.num_q_heads)
+        mlp = (3 if self.gated_mlp else 2) * h * self.mlp_hidden_size
+        if self.moe is None:
+            return self.num_layers * (attention + mlp) + self.embedding_params
+        moe = self.moe
+        experts = moe.shared_experts + (moe.top_k if active else moe.num_experts)
+        moe_layer = experts * moe.expert_params(h) + moe.router_params(h)
+        moe_layers = self.num_layers - moe.dense_layers
+        return self.num_layers * attention + moe.dense_layers * mlp + moe_layers * moe_layer + self.embedding_params
 
     def q_heads_per_gpu(self, tensor_parallel: int) -> int:
         """Query heads each tensor-parallel rank holds."""
@@ -113,6 +215,55 @@ def _llama(
         name, hf, layers, heads, kv, h, ffn, vocab, gated_mlp=True, max_positions=max_pos
     )
 
+
+# Mixture-of-experts models, from each Hugging Face repository's config.json (named per entry).
+# Mixtral: num_local_experts, num_experts_per_tok, intermediate_size (one expert's width).
+# DeepSeek: n_routed_experts, n_shared_experts, num_experts_per_tok, moe_intermediate_size,
+# first_k_dense_replace (those layers' dense MLP: intermediate_size), kv_lora_rank, q_lora_rank,
+# qk_rope_head_dim, qk_nope_head_dim, v_head_dim; DeepSeek-V3's multi-token-prediction layer
+# (num_nextn_predict_layers) is not served and not counted. Qwen3-MoE: num_experts,
+# num_experts_per_tok, moe_intermediate_size, head_dim; every layer is MoE (decoder_sparse_step 1,
+# no mlp_only_layers), so intermediate_size (= top-k x expert width) only sizes the activation reserve.
+MOE_MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        "mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 32, 8, 4096, 14336, 32000,
+        gated_mlp=True, max_positions=32768, moe=MoESpec(num_experts=8, top_k=2, expert_ffn=14336),
+    ),
+    ModelSpec(
+        "mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1", 56, 48, 8, 6144, 16384, 32768,
+        gated_mlp=True, max_positions=65536, moe=MoESpec(num_experts=8, top_k=2, expert_ffn=16384),
+    ),
+    ModelSpec(
+        "deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 16, 16, 2048, 10944, 102400,
+        gated_mlp=True, max_positions=163840, explicit_head_dim=192,
+        moe=MoESpec(num_experts=64, top_k=6, expert_ffn=1408, shared_experts=2, dense_layers=1),
+        mla=MLASpec(kv_lora_rank=512, q_lora_rank=0, rope_dim=64, nope_dim=128, v_head_dim=128),
+    ),
+    # As released: fp8 (e4m3, 128x128 block scales) transformer weights, bf16 embeddings/LM head.
+    ModelSpec(
+        "deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 128, 7168, 18432, 129280,
+        gated_mlp=True, max_positions=163840, explicit_head_dim=192, weight_dtype_bytes=1,
+        moe=MoESpec(num_experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
+        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536, rope_dim=64, nope_dim=128, v_head_dim=128),
+    ),
+    # The same weights upcast to bf16 (DeepSeek-V3's inference/fp8_cast_bf16.py): twice the memory.
+    ModelSpec(
+        "deepseek-v3-bf16", "deepseek-ai/DeepSeek-V3", 61, 128, 128, 7168, 18432, 129280,
+        gated_mlp=True, max_positions=163840, explicit_head_dim=192,
+        moe=MoESpec(num_experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
+        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536, rope_dim=64, nope_dim=128, v_head_dim=128),
+    ),
+    ModelSpec(
+        "qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 48, 32, 4, 2048, 6144, 151936,
+        gated_mlp=True, max_positions=40960, explicit_head_dim=128,
+        moe=MoESpec(num_experts=128, top_k=8, expert_ffn=768),
+    ),
+    ModelSpec(
+        "qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 64, 4, 4096, 12288, 151936,
+        gated_mlp=True, max_positions=40960, explicit_head_dim=128,
+        moe=MoESpec(num_experts=128, top_k=8, expert_ffn=1536),
+    ),
+)
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -193,6 +344,7 @@ MODELS: dict[str, ModelSpec] = {
             max_positions=131072,
             explicit_head_dim=128,
         ),
+        *MOE_MODELS,
     )
 }
 

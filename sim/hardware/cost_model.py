@@ -20,6 +20,7 @@ from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.fitting import DECODE_TERMS, PREFILL_TERMS
 from sim.hardware.gpu_calibrate import roofline_file_name
+from sim.hardware.moe import check_expert_parallel
 from sim.hardware.profiles import LICENCE
 from sim.hardware.transfer import label_for, roofline_calibration
 
@@ -218,7 +219,7 @@ def calibrated_configs() -> list[tuple[str, str, int]]:
 
 
 def load_cost_model(
-    model: str, gpu: str, tensor_parallel: int, *, cpu_overhead: bool = True
+    model: str, gpu: str, tensor_parallel: int, *, cpu_overhead: bool = True, expert_parallel: int = 1
 ) -> CostModel:
     """The cost model of ``model`` on ``tensor_parallel`` x ``gpu``.
 
@@ -226,14 +227,19 @@ def load_cost_model(
     without one gives the roofline with A100-fitted efficiencies ("transferred"); H100
     and A40 the roofline with efficiencies fitted on their own linear-op profiles
     ("transferred (h100 profiles)", "transferred (a40 profiles)"); any other GPU the A100
-    roofline on its datasheet roofs ("uncalibrated (roofline)").
+    roofline on its datasheet roofs ("uncalibrated (roofline)"). Mixture-of-experts models
+    (never profiled) take the roofline path with "MoE" in the label and their routed experts
+    split into ``expert_parallel`` groups (:mod:`sim.hardware.moe`).
 
     Raises:
         UserError: unknown model or GPU, TP that does not divide the heads or has no
-            all-reduce profile, or an unreadable calibration file.
+            all-reduce profile, an expert-parallel degree that does not divide TP or the
+            experts, or an unreadable calibration file.
     """
     spec, gpu_spec = get_model(model), get_gpu(gpu)
     check_tensor_parallel(spec, tensor_parallel)
+    check_expert_parallel(spec, tensor_parallel, expert_parallel)
+    moe_model = spec.moe is not None
     path = CALIBRATION_DIR / calibration_filename(model, gpu, tensor_parallel)
     if path.is_file():
         data = read_yaml(path)
@@ -242,12 +248,13 @@ def load_cost_model(
     own_roof = CALIBRATION_DIR / roofline_file_name(gpu)
     if own_roof.is_file():  # a profiled GPU: efficiencies fitted on its own linear ops
         roof = read_yaml(own_roof)
-        data = roofline_calibration(roof, spec, gpu_spec, tensor_parallel)
+        data = roofline_calibration(roof, spec, gpu_spec, tensor_parallel, expert_parallel)
         source = f"roofline on {gpu} with efficiencies from {own_roof.name} ({roof['source']})"
-        return _build(data, spec, label_for(gpu_spec, gpu), source, cpu_overhead, own_roof)
+        label = label_for(gpu_spec, gpu, moe_model=moe_model)
+        return _build(data, spec, label, source, cpu_overhead, own_roof)
     roof_path = CALIBRATION_DIR / ROOFLINE_FILE
-    data = roofline_calibration(read_yaml(roof_path), spec, gpu_spec, tensor_parallel)
-    label = label_for(gpu_spec)
+    data = roofline_calibration(read_yaml(roof_path), spec, gpu_spec, tensor_parallel, expert_parallel)
+    label = label_for(gpu_spec, moe_model=moe_model)
     source = f"roofline on {gpu} datasheet roofs with efficiencies from {ROOFLINE_FILE} ({LICENCE})"
     return _build(data, spec, label, source, cpu_overhead, roof_path)
 

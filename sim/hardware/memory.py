@@ -63,11 +63,16 @@ def kv_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> int:
     """KV bytes per token per GPU: 2 (K and V) x layers x KV heads/TP x head dim x dtype.
 
     KV heads are replicated when TP exceeds them, so a rank never holds less than one.
+    Multi-head latent attention (DeepSeek) caches one latent of kv_lora_rank + rope_dim
+    values per token and layer instead of K and V; every rank holds all of it (the latent
+    is shared by all heads, so it cannot be split by head; vLLM replicates it).
 
     Raises:
         UserError: TP does not divide the model's heads.
     """
     check_tensor_parallel(model, tensor_parallel)
+    if model.mla is not None:
+        return model.num_layers * model.mla.cached_width * model.dtype_bytes
     kv_heads = model.kv_heads_per_gpu(tensor_parallel)
     return 2 * model.num_layers * kv_heads * model.head_dim * model.dtype_bytes
 
@@ -186,11 +191,13 @@ def _raise_does_not_fit(
         >= kv_bytes_per_token(model, d) * block_size
     ]
     hint = f"use tensor_parallel >= {fitting[0]}" if fitting else "use a GPU with more memory"
+    short_gib = (model.weight_bytes / tp + reserve) / GIB - usable_gib
     raise UserError(
         f"{model.name} does not fit on {gpu.name} at tensor_parallel={tp}: weights take "
         f"{model.weight_bytes / tp / 1e9:.1f} GB ({weights_gib:.1f} GiB) per GPU but only "
         f"{usable_gib:.1f} GiB is available "
         f"({gpu.memory_gb:g} GiB x gpu_memory_utilization {util:g}), less {reserve / GIB:.1f} GiB "
-        f"activation reserve, leaving no room for the KV cache; {hint}",
+        f"activation reserve, leaving no room for the KV cache ({max(short_gib, 0.0):.1f} GiB short per GPU, "
+        f"{max(short_gib, 0.0) * tp:.0f} GiB over all {tp}); {hint}",
         field="tensor_parallel",
     )

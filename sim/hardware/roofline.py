@@ -203,6 +203,17 @@ def _op_ms(
     return eff.get("latency_ms", {}).get(op, 0.0) + np.maximum(compute, memory) * 1e3
 
 
+def op_ms(
+    eff: dict, op: str, flops: np.ndarray, nbytes: np.ndarray, tokens: np.ndarray, gpu: GPUSpec
+) -> np.ndarray:
+    """ms of one op of ``flops`` and ``nbytes`` with ``op``'s latency and efficiencies at ``tokens``.
+
+    ``tokens`` is the row count the kernel sees, which for an expert GEMM is the tokens per
+    expert, not the batch (:mod:`sim.hardware.moe`).
+    """
+    return _op_ms(eff, op, np.asarray(flops, float), np.asarray(nbytes, float), np.asarray(tokens, float), gpu)
+
+
 def predict_ops_ms(
     eff: dict, model: ModelSpec, tp: int, gpu: GPUSpec, tokens: np.ndarray
 ) -> dict[str, np.ndarray]:

@@ -8,6 +8,10 @@ The result has the same shape as a committed calibration file, so one
 * attention: the reference fit scaled by heads, head dim and the GPU's roofs;
 * all-reduce: A100 NVLink curve for TP GPUs, times A100 NVLink / this GPU's NVLink;
 * CPU overhead: the nearest profiled (TP, model size), host-side and GPU-independent.
+
+Mixture-of-experts and MLA models (:mod:`sim.hardware.moe`) take the same path: their expected
+expert cost is a function of the token count under uniform routing, so it is folded into the
+``linear`` curve, and the label says "MoE".
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import UserError
-from sim.hardware import fitting, gpu_calibrate, roofline
+from sim.hardware import fitting, gpu_calibrate, moe, roofline
 from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec
 from sim.hardware.curves import running_max
 from sim.hardware.profiles import GPU_DIRS
@@ -29,13 +33,18 @@ def _grid() -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, GRID_MAX_TOKENS, GRID_POINTS)))
 
 
-def label_for(gpu: GPUSpec, roof_gpu: str = PROFILED_GPU) -> str:
-    """Label of a roofline cost model on ``gpu`` with efficiencies fitted on ``roof_gpu``."""
+def label_for(gpu: GPUSpec, roof_gpu: str = PROFILED_GPU, *, moe_model: bool = False) -> str:
+    """Label of a roofline cost model on ``gpu`` with efficiencies fitted on ``roof_gpu``.
+
+    A mixture-of-experts model says so: "transferred (MoE)", "transferred (MoE, h100
+    profiles)", "uncalibrated (roofline, MoE)".
+    """
+    tag = "MoE, " if moe_model else ""
     if gpu.name != roof_gpu:
-        return "uncalibrated (roofline)"
+        return "uncalibrated (roofline, MoE)" if moe_model else "uncalibrated (roofline)"
     if gpu.name == PROFILED_GPU:
-        return "transferred"
-    return f"transferred ({GPU_DIRS[gpu.name]} profiles)"
+        return "transferred (MoE)" if moe_model else "transferred"
+    return f"transferred ({tag}{GPU_DIRS[gpu.name]} profiles)"
 
 
 def _all_reduce(roof: dict, gpu: GPUSpec, tp: int) -> dict | None:
@@ -87,26 +96,39 @@ def _fit_error(roof: dict, model: ModelSpec) -> dict:
     }
 
 
-def roofline_calibration(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int) -> dict:
+def _attention(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int) -> tuple[dict, dict]:
+    ref = roof["attention_reference"]
+    if "attention_ratios" in roof and roof["gpu"] == gpu.name:
+        return gpu_calibrate.scaled_attention(ref, model, tp, roof["attention_ratios"])
+    return fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
+
+
+def _linear_ms(eff: dict, model: ModelSpec, gpu: GPUSpec, tp: int, grid: np.ndarray, ep: int) -> np.ndarray:
+    if model.moe is None and model.mla is None:
+        return roofline.predict_linear_ms(eff, model, tp, gpu, grid)
+    return moe.predict_linear_ms(eff, model, tp, gpu, grid, expert_parallel=ep)
+
+
+def roofline_calibration(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int, expert_parallel: int = 1) -> dict:
     """A calibration-shaped dict for ``model`` at ``tp`` on ``gpu`` from the roofline file.
+
+    ``expert_parallel`` splits a MoE model's experts into that many groups of GPUs.
 
     Raises:
         UserError: no all-reduce profile for ``tp`` GPUs.
     """
     eff = roof["efficiency"]
     grid = _grid()
-    ref = roof["attention_reference"]
-    if "attention_ratios" in roof and roof["gpu"] == gpu.name:
-        dec, pre = gpu_calibrate.scaled_attention(ref, model, tp, roof["attention_ratios"])
-    else:
-        dec, pre = fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
+    decode_view, prefill_view = moe.attention_views(model)  # both the model itself unless MLA
+    dec, _ = _attention(roof, decode_view, gpu, tp)
+    _, pre = _attention(roof, prefill_view, gpu, tp)
     return {
         "model": model.name,
         "gpu": gpu.name,
         "tensor_parallel": tp,
         "linear": {
             "tokens": grid.tolist(),
-            "ms": running_max(roofline.predict_linear_ms(eff, model, tp, gpu, grid)).tolist(),
+            "ms": running_max(_linear_ms(eff, model, gpu, tp, grid, expert_parallel)).tolist(),
         },
         "lm_head": {
             "rows": grid.tolist(),

@@ -1,0 +1,145 @@
+"""Mixture-of-experts cost: routing statistics, the dense limit, the memory floor and the compute roof."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sim.errors import UserError
+from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, read_yaml
+from sim.hardware.catalog import MoESpec, get_gpu, get_model
+from sim.hardware.cost_model import CostModel, load_cost_model
+from sim.hardware.memory import kv_budget
+from sim.hardware.moe import expected_distinct_experts, tokens_per_expert
+from sim.hardware.transfer import roofline_calibration
+
+ROOF = read_yaml(CALIBRATION_DIR / ROOFLINE_FILE)
+A100 = get_gpu("a100-80gb")
+
+
+def _cost(model, tp: int = 1, **kwargs) -> CostModel:  # type: ignore[no-untyped-def]
+    data = roofline_calibration(ROOF, model, A100, tp, **kwargs)
+    return CostModel(data, model, label="test", source="test", cpu_overhead=False)
+
+
+def _monte_carlo_distinct(tokens: int, top_k: int, experts: int, trials: int, seed: int) -> np.ndarray:
+    """Distinct experts touched per trial: every token picks top_k different experts at random."""
+    rng = np.random.default_rng(seed)
+    keys = rng.random((trials, tokens, experts))
+    chosen = np.argpartition(keys, top_k - 1, axis=2)[:, :, :top_k]  # a uniform k-subset per token
+    hit = np.zeros((trials, experts), bool)
+    np.put_along_axis(hit, chosen.reshape(trials, -1), True, axis=1)
+    return hit.sum(axis=1)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "experts"), [(1, 2, 8), (3, 2, 8), (16, 2, 8), (10, 8, 256), (100, 8, 256)]
+)
+def test_expected_distinct_experts_matches_a_monte_carlo_draw(tokens: int, top_k: int, experts: int) -> None:
+    draws = _monte_carlo_distinct(tokens, top_k, experts, trials=2000, seed=tokens * experts)
+    expected = float(expected_distinct_experts(tokens, top_k, experts))
+    stderr = max(draws.std(ddof=1), 1e-9) / np.sqrt(len(draws))
+    assert abs(draws.mean() - expected) <= 4 * stderr + 1e-9, (draws.mean(), expected)
+    assert expected == pytest.approx(experts * (1 - (1 - top_k / experts) ** tokens))
+
+
+def test_distinct_experts_limits() -> None:
+    assert float(expected_distinct_experts(1, 8, 256)) == pytest.approx(8)  # one token: exactly k experts
+    assert float(expected_distinct_experts(100_000, 8, 256)) == pytest.approx(256)  # saturates at E
+    assert float(tokens_per_expert(1, 8, 256)) == pytest.approx(1.0)
+    assert float(tokens_per_expert(4096, 2, 8)) == pytest.approx(4096 * 2 / 8)
+
+
+def test_one_expert_top_one_is_the_dense_model() -> None:
+    dense = get_model("llama-3-8b")
+    moe = dataclasses.replace(dense, name="llama-3-8b-moe1", moe=MoESpec(num_experts=1, top_k=1, expert_ffn=14336))
+    assert moe.num_params == dense.num_params and moe.weight_bytes == dense.weight_bytes
+    for tp in (1, 2):
+        a, b = _cost(dense, tp), _cost(moe, tp)
+        for batch in [(np.array([300]), np.array([0]), np.arange(1, 40) * 50), (np.array([]), np.array([]), [700])]:
+            assert b.iteration_time_s(*batch) == pytest.approx(a.iteration_time_s(*batch), rel=1e-12)
+        assert kv_budget(moe, A100, tp).num_blocks == kv_budget(dense, A100, tp).num_blocks
+
+
+def _mixtral_and_dense_twin():  # type: ignore[no-untyped-def]
+    mixtral = get_model("mixtral-8x7b")
+    assert mixtral.moe is not None
+    width = mixtral.moe.num_experts * mixtral.moe.expert_ffn
+    dense = dataclasses.replace(mixtral, name="dense-46b", moe=None, mlp_hidden_size=width)
+    # Same total size up to the router (8 x 4096 weights per layer).
+    assert dense.num_params == pytest.approx(mixtral.num_params, rel=1e-4)
+    return mixtral, dense
+
+
+def test_decode_at_batch_one_sits_between_the_active_weight_floor_and_the_dense_twin() -> None:
+    mixtral, dense = _mixtral_and_dense_twin()
+    tp = 2
+    step = _cost(mixtral, tp).iteration_time_s(np.array([]), np.array([]), np.array([1]))
+    floor_s = mixtral.active_params * mixtral.dtype_bytes / tp / (A100.hbm_gb_per_s * 1e9)
+    dense_step = _cost(dense, tp).iteration_time_s(np.array([]), np.array([]), np.array([1]))
+    assert floor_s < step < dense_step
+    # It reads two of eight experts, so it is well under the dense twin, yet above the floor.
+    assert step < 0.5 * dense_step
+
+
+def _gemm_flops_ideal_s(model, tp: int, tokens: float) -> float:  # type: ignore[no-untyped-def]
+    """FLOPs of every weight a token passes through (all but the embedding gather) at peak."""
+    flops_per_token = 2.0 * (model.active_params - model.vocab_size * model.hidden_size) / tp
+    return flops_per_token * tokens / (A100.peak_bf16_tflops * 1e12)
+
+
+def test_large_batch_cost_approaches_active_flops_over_the_fitted_compute_efficiency() -> None:
+    mixtral, _ = _mixtral_and_dense_twin()
+    tp, tokens = 2, 32768
+    cost = _cost(mixtral, tp)
+    linear_s = cost.breakdown_from_totals_s(tokens, 1, 0.0, 0, 0)["linear"]
+    eff = ROOF["efficiency"]
+    # Experts see tokens x k / E = 8192 rows each; the MLP GEMMs' compute efficiency there.
+    e_c = float(np.interp(np.log(8192), np.log(eff["tokens"]), eff["ops"]["mlp_up_proj"]["compute"]))
+    lm_head_s = tokens * 2.0 * mixtral.hidden_size * mixtral.vocab_size / tp / (A100.peak_bf16_tflops * 1e12)
+    predicted = (_gemm_flops_ideal_s(mixtral, tp, tokens) - lm_head_s) / e_c  # `linear` excludes the LM head
+    # Compute-bound: within the share the memory-bound norms/activation/rope add (under 15%).
+    assert predicted < linear_s < 1.15 * predicted
+    # At batch 1 the same model is far from compute-bound (per token, over 100x slower).
+    one = cost.breakdown_from_totals_s(1, 1, 0.0, 0, 0)["linear"]
+    assert one > 100 * linear_s / tokens
+
+
+def test_moe_stays_memory_bound_longer_than_the_dense_model_of_its_active_size() -> None:
+    mixtral = get_model("mixtral-8x7b")
+    assert mixtral.moe is not None
+    # A dense model whose FFN is the two active experts side by side: the same active size.
+    width = mixtral.moe.top_k * mixtral.moe.expert_ffn
+    dense = dataclasses.replace(mixtral, name="dense-13b", moe=None, mlp_hidden_size=width)
+    assert dense.active_params == pytest.approx(mixtral.active_params, rel=1e-4)
+    moe_cost, dense_cost = _cost(mixtral, 2), _cost(dense, 2)
+
+    def growth(cost: CostModel, batch: int) -> float:
+        return cost.breakdown_from_totals_s(batch, batch, 0.0, 0, 0)["linear"] / cost.breakdown_from_totals_s(
+            1, 1, 0.0, 0, 0
+        )["linear"]
+
+    # Up to 8 tokens the dense model reads the same weights (memory-bound: ~flat); the MoE model
+    # reads more experts with every token, so its cost per step grows ...
+    assert growth(moe_cost, 8) > 2 * growth(dense_cost, 8)
+    # ... and per token it keeps falling long after the dense one has flattened out.
+    def per_token_drop(cost: CostModel) -> float:
+        return growth(cost, 256) / 256 / (growth(cost, 2048) / 2048)
+
+    assert per_token_drop(moe_cost) > 1.5 * per_token_drop(dense_cost)
+
+
+def test_expert_parallel_adds_an_all_to_all_and_is_validated() -> None:
+    tp2 = load_cost_model("mixtral-8x7b", "a100-80gb", 2, cpu_overhead=False)
+    ep2 = load_cost_model("mixtral-8x7b", "a100-80gb", 2, cpu_overhead=False, expert_parallel=2)
+    assert ep2.label == tp2.label == "transferred (MoE)"
+    # Two all-to-alls of 0.03 ms latency each in each of the 32 layers (the experts' own cost
+    # barely moves: the same weight bytes are read, whole experts instead of halves).
+    a2a_s = 32 * 2 * 0.03e-3
+    assert ep2.time_from_totals_s(0, 0, 0.0, 1, 100) > tp2.time_from_totals_s(0, 0, 0.0, 1, 100) + 0.9 * a2a_s
+    with pytest.raises(UserError, match="no experts"):
+        load_cost_model("llama-2-7b", "a100-80gb", 1, expert_parallel=2)
+    with pytest.raises(UserError, match="does not divide tensor_parallel"):
+        load_cost_model("mixtral-8x7b", "a100-80gb", 2, expert_parallel=4)
