@@ -61,6 +61,10 @@ def regenerate_results(
 
     write_client_advice(out_dir)
     log(f"wrote {out_dir / 'client_advice.md'}")
+    from sim.report.moe import write_moe_report
+
+    write_moe_report(out_dir, plots=plots)  # scenarios/moe/ -> results/moe/, moe.md, moe_cost.png
+    log(f"wrote {out_dir / 'moe.md'}")
     return summaries
 
 
