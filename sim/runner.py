@@ -24,6 +24,7 @@ from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import KVBudget, kv_budget
+from sim.hardware.utilization import PassWork
 from sim.metrics.estimate import warn_if_large
 from sim.metrics.records import sample_every_kth
 from sim.metrics.summary import summarize_run
@@ -74,6 +75,11 @@ class ResolvedScenario:
             "engine_cpu": engine_cpu,
             "frontend": scenario.frontend,
         }
+
+    @property
+    def pass_work(self) -> PassWork:
+        """FLOPs and HBM bytes per forward pass of this model on one replica (MFU and MBU)."""
+        return PassWork.of(self.model, self.gpu, self.scenario.tensor_parallel)
 
     @property
     def num_gpus(self) -> int:
@@ -327,11 +333,14 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         gpu_hour_usd=scenario.gpu_hour_usd,
         replicas=scenario.replicas,
         itl=out.itl,
+        work=resolved.pass_work,
     )
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
-        return _Kept(row, out.requests.iloc[:0].copy(), out.iterations.iloc[:0].copy(), 0)
+        empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
+        return _Kept(row, out.requests.iloc[:0].copy(), empty, 0)
     iterations, every = sample_every_kth(out.iterations, scenario.metrics.max_iteration_rows)
-    return _Kept(row, out.requests, iterations, every)
+    # Per-pass MFU and MBU only on the kept rows: the summary took its figures from all passes.
+    return _Kept(row, out.requests, resolved.pass_work.add_columns(iterations), every)
 
 
 def _assemble(

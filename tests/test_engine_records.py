@@ -57,6 +57,10 @@ def test_tables_have_exactly_the_pinned_columns():
             "decode_tokens",
             "kv_blocks_used",
             "kv_blocks_total",
+            # added in issue 12 (the cost-model totals MFU and MBU need), appended:
+            "prefill_attn_work",
+            "decode_kv_tokens",
+            "prefill_context_tokens",
         )
     )
     assert (

@@ -18,6 +18,7 @@ import pytest
 
 import sim
 from sim.config import Scenario
+from sim.hardware.utilization import UTILIZATION_COLUMNS
 from sim.metrics import estimate
 from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
 from sim.metrics.records import ITERATION_COLUMNS, IterationRecords, sample_every_kth
@@ -111,6 +112,7 @@ def test_summary_is_that_of_the_unsampled_records(
             slo=scenario.slo,
             replicas=scenario.replicas,
             itl=out.itl,
+            work=resolve(scenario).pass_work,
         )
         assert list(row) == list(expected)
         for column, value in expected.items():
@@ -136,7 +138,7 @@ def test_policy_column_is_categorical_in_scenario_order(full: sim.RunResult) -> 
         assert isinstance(frame["policy"].dtype, pd.CategoricalDtype)
         assert list(frame["policy"].cat.categories) == POLICIES
         assert list(frame["policy"].unique()) == POLICIES
-    assert list(full.iterations.columns[1:]) == list(ITERATION_COLUMNS)
+    assert list(full.iterations.columns[1:]) == [*ITERATION_COLUMNS, *UTILIZATION_COLUMNS]
 
 
 def test_sampled_rows_do_not_view_the_full_table() -> None:
@@ -154,8 +156,8 @@ def test_iteration_rows_of_several_replicas_sort_like_a_stable_sort() -> None:
     starts = rng.integers(0, 40, 500).astype(float)  # many ties, so the tie-break shows
     for i, start_s in enumerate(starts):
         records.append(int(rng.integers(0, 3)), start_s, 0.5, i, 1, 2, 3)
-    columns = {name: np.array(getattr(records, name)) for name in ITERATION_COLUMNS[:-1]}
-    expected = pd.DataFrame(columns).assign(kv_blocks_total=np.int32(9))
+    columns = {name: np.array(getattr(records, name)) for name in ITERATION_COLUMNS if name != "kv_blocks_total"}
+    expected = pd.DataFrame(columns).assign(kv_blocks_total=np.int32(9))[list(ITERATION_COLUMNS)]
     expected = expected.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
     frame = records.to_frame(9)
     pd.testing.assert_frame_equal(frame, expected, check_exact=True)

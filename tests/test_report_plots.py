@@ -101,12 +101,14 @@ def test_latency_cdf_median_matches_data():
     )
 
 
-def test_timeline_two_axes_and_kv_mean_matches_summary():
+def test_timeline_three_axes_and_kv_mean_matches_summary():
     iterations = make_iterations(POLICIES[:2])
     fig = plots.timeline(iterations)
-    assert len(fig.axes) == 2
-    for ax in fig.axes:
+    assert len(fig.axes) == 3
+    for ax in fig.axes[:2]:
         assert [line.get_label() for line in ax.get_lines()] == POLICIES[:2]
+    # Without mfu/mbu columns the utilization panel has the busy line only.
+    assert [line.get_label() for line in fig.axes[2].get_lines()] == [f"{p} busy" for p in POLICIES[:2]]
     # Over bins spanning exactly the run, the binned KV line averages to kv_mean_frac.
     one = iterations[iterations["policy"] == "static"]
     span_s = (one["start_s"] + one["duration_s"]).max() - one["start_s"].min()
@@ -239,3 +241,17 @@ def test_save_figure_is_deterministic_and_leaves_pyplot_alone(tmp_path):
     plots.save_figure(fig, svg_b)
     assert svg_a.read_bytes() == svg_b.read_bytes()
     assert plt.get_fignums() == before
+
+
+def test_timeline_utilization_lines_average_to_busy_mfu_and_mbu():
+    one = make_iterations(["static"])
+    rng = np.random.default_rng(3)
+    one = one.assign(mfu=rng.uniform(0, 0.1, len(one)), mbu=rng.uniform(0.2, 0.8, len(one)))
+    span_s = (one["start_s"] + one["duration_s"]).max() - one["start_s"].min()
+    lines = plots.timeline(one, bin_s=span_s / 23).axes[2].get_lines()
+    assert [line.get_label() for line in lines] == ["static busy", "static MBU", "static MFU"]
+    capacity_s = span_s * one["replica"].nunique()
+    expected = [one["duration_s"].sum(), (one["mbu"] * one["duration_s"]).sum(), (one["mfu"] * one["duration_s"]).sum()]
+    for line, busy_s in zip(lines, expected, strict=True):
+        x, y = line.get_xdata(), line.get_ydata()
+        assert np.sum(y[:-1] * np.diff(x)) / span_s == pytest.approx(busy_s / capacity_s, rel=1e-9)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # 200k-1M requests at 2, 5 and 9 req/s (1.2M-11.9M passes), peak RSS and wall time fitted as
 # base + per pass + per request (the simulation of the largest policy is the peak).
 BASE_BYTES = 127e6  # interpreter, numpy, pandas, SimPy, the cost model
-BYTES_PER_PASS = 48.0  # iteration buffers (38 B) + summary temporaries, largest policy only
+BYTES_PER_PASS = 64.0  # iteration buffers (38 B, +16 B of MFU/MBU totals since issue 12, not re-measured) + temporaries
 BYTES_PER_REQUEST = 107.0  # stream, records and requests frame of the policy being run
 BYTES_PER_REQUEST_KEPT = 150.0  # requests frame kept per further policy (full records)
 BASE_S = 3.7  # start-up, imports, resolving the scenario

@@ -27,7 +27,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 
 ITERATION_COLUMNS: tuple[str, ...] = (
     "replica", "start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens",
-    "kv_blocks_used", "kv_blocks_total",
+    "kv_blocks_used", "kv_blocks_total", "prefill_attn_work", "decode_kv_tokens", "prefill_context_tokens",
 )  # fmt: skip
 """Columns of ``SimOutput.iterations``, in order."""
 
@@ -124,6 +124,9 @@ class IterationRecords:
         self.prefill_tokens = array("i")
         self.decode_tokens = array("i")
         self.kv_blocks_used = array("i")
+        self.prefill_attn_work = array("d")
+        self.decode_kv_tokens = array("i")
+        self.prefill_context_tokens = array("i")
 
     def __len__(self) -> int:
         return len(self.start_s)
@@ -137,8 +140,11 @@ class IterationRecords:
         prefill_tokens: int,
         decode_tokens: int,
         kv_blocks_used: int,
+        prefill_attn_work: float = 0.0,
+        decode_kv_tokens: int = 0,
+        prefill_context_tokens: int = 0,
     ) -> None:
-        """Record one forward pass."""
+        """Record one forward pass (the last three: the cost-model totals MFU and MBU need)."""
         self.replica.append(replica)
         self.start_s.append(start_s)
         self.duration_s.append(duration_s)
@@ -146,6 +152,9 @@ class IterationRecords:
         self.prefill_tokens.append(prefill_tokens)
         self.decode_tokens.append(decode_tokens)
         self.kv_blocks_used.append(kv_blocks_used)
+        self.prefill_attn_work.append(prefill_attn_work)
+        self.decode_kv_tokens.append(decode_kv_tokens)
+        self.prefill_context_tokens.append(prefill_context_tokens)
 
     def to_frame(self, kv_blocks_total: int) -> pd.DataFrame:
         """The iterations table (``ITERATION_COLUMNS``), ordered by start time then replica.
@@ -162,11 +171,16 @@ class IterationRecords:
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
             "kv_blocks_used": self.kv_blocks_used,
+            "prefill_attn_work": self.prefill_attn_work,
+            "decode_kv_tokens": self.decode_kv_tokens,
+            "prefill_context_tokens": self.prefill_context_tokens,
         }
         self._new_buffers()  # the views below keep the old buffers alive, nothing else does
-        data = {name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()}
+        views = {name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()}
         del columns
-        data["kv_blocks_total"] = np.full(len(data["start_s"]), kv_blocks_total, dtype=np.int32)
+        views["kv_blocks_total"] = np.full(len(views["start_s"]), kv_blocks_total, dtype=np.int32)
+        data = {name: views.pop(name) for name in ITERATION_COLUMNS}  # in the published order
+        del views
         # Rows are appended when an iteration ends; sort by start so replicas interleave in time.
         if not pd.Series(data["start_s"], copy=False).is_monotonic_increasing:
             order = np.lexsort((data["replica"], data["start_s"]))  # stable, like sort_values

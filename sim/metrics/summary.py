@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from sim.config import SLOConfig
 from sim.metrics.itl import itl_stats
+
+if TYPE_CHECKING:
+    from sim.hardware.utilization import PassWork
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "scenario", "policy", "requests", "completed", "duration_s", "throughput_rps",
@@ -33,6 +36,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "queue_mean_s", "queue_p90_s", "queue_p99_s", "kv_mean_frac",
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
+    "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -85,6 +89,7 @@ def summarize_run(
     gpu_hour_usd: float | None = None,
     replicas: int | None = None,
     itl: pd.DataFrame | None = None,
+    work: PassWork | None = None,
 ) -> dict[str, Any]:
     """Summarize one policy run into one ``summary.csv`` row.
 
@@ -103,6 +108,9 @@ def summarize_run(
         replicas: GPU workers; default: distinct ``replica`` ids in ``iterations``.
         itl: the run's inter-token gaps as (gap_s, count) rows (``SimOutput.itl``); without it
             the ITL columns are NaN. Every stream event counts, warm-up included.
+        work: FLOPs and bytes per pass of the run's model and GPUs
+            (:class:`sim.hardware.utilization.PassWork`); without it the MFU and MBU columns
+            are NaN. It reads the iteration columns ``PassWork.REQUIRED_COLUMNS``.
 
     Returns:
         A dict with exactly the keys ``SUMMARY_COLUMNS + EXTRA_COLUMNS``, in that order.
@@ -128,6 +136,7 @@ def summarize_run(
     row |= _slo_stats(requests.loc[post_warmup, _SLO_COLUMNS], slo, goodput_window_s)
     row["frontend_p50_s"] = _frontend_p50(requests, post_warmup)
     row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
+    row |= _utilization_stats(iterations, work, duration_s * workers)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 
@@ -238,6 +247,26 @@ def _gpu_stats(iterations: pd.DataFrame, duration_s: float, workers: int) -> dic
     del weighted
     stats["mean_batch_size"] = _nanmean(iterations["batch_size"])
     return stats
+
+
+def _utilization_stats(iterations: pd.DataFrame, work: PassWork | None, capacity_s: float) -> dict[str, float]:
+    """MFU and MBU over the run window (like ``gpu_busy_frac``) and over busy time only.
+
+    sum F_i / (D x G x peak) <= sum d_i / (D x G) = gpu_busy_frac whenever every MFU_i <= 1;
+    the ``_busy`` figures divide by sum d_i instead, so mean = busy x gpu_busy_frac.
+    """
+    if work is None:
+        return dict.fromkeys(("mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy"), math.nan)
+    _require_columns(iterations, work.REQUIRED_COLUMNS, "iterations")
+    busy_s = float(iterations["duration_s"].to_numpy(dtype=float).sum())
+    flop_s = work.total_flops(iterations) / work.peak_flops_per_s  # seconds at peak FLOP/s
+    byte_s = work.total_bytes(iterations) / work.peak_bytes_per_s  # seconds at peak bandwidth
+    return {
+        "mfu_mean": _ratio(flop_s, capacity_s),
+        "mbu_mean": _ratio(byte_s, capacity_s),
+        "mfu_busy": _ratio(flop_s, busy_s),
+        "mbu_busy": _ratio(byte_s, busy_s),
+    }
 
 
 def kv_fraction(iterations: pd.DataFrame) -> np.ndarray:

@@ -69,25 +69,30 @@ def latency_cdf(requests: pd.DataFrame, metric: str = "ttft_s", by: str = "polic
 
 
 def timeline(iterations: pd.DataFrame, by: str = "policy", bin_s: float | None = None) -> Figure:
-    """Batch size and KV-cache usage over time, as time-weighted means per bin.
+    """Batch size, KV-cache usage and GPU utilization over time, as time-weighted means per bin.
 
-    Idle time counts as batch 0 and KV 0, and several replicas are averaged, so the
-    mean of the KV line over the run equals the summary's ``kv_mean_frac``.
+    Idle time counts as batch 0, KV 0 and utilization 0, and several replicas are
+    averaged, so the mean of the KV line over the run equals the summary's
+    ``kv_mean_frac``, and those of the busy, MFU and MBU lines ``gpu_busy_frac``,
+    ``mfu_mean`` and ``mbu_mean`` (on unsampled records).
 
     Args:
-        iterations: per-iteration records.
+        iterations: per-iteration records (``mfu`` and ``mbu`` columns optional: without
+            them the utilization panel shows the busy fraction only).
         by: grouping column; absent means one group.
         bin_s: bin width in seconds; default: the run's span / ``DEFAULT_BINS``.
 
     Returns:
-        A Figure with two Axes (batch size, KV fraction), one line per group in each.
+        A Figure with three Axes (batch size, KV fraction, utilization); one line per group
+        in the first two, and per group a busy (solid), MBU (dashed) and MFU (dotted) line
+        in the third.
     """
     _require(
         iterations,
         ["start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total"],
         "iterations",
     )
-    fig, (batch_ax, kv_ax) = _figure(2)
+    fig, (batch_ax, kv_ax, use_ax) = _figure(3)
     ends = iterations["start_s"] + iterations["duration_s"]
     edges = _edges(iterations["start_s"].min(), ends.max(), bin_s)
     for index, (label, group) in enumerate(_groups(iterations, by)):
@@ -98,11 +103,31 @@ def timeline(iterations: pd.DataFrame, by: str = "policy", bin_s: float | None =
                 binned_time_mean(group["start_s"], group["duration_s"], values, edges) / replicas
             )
             _step(ax, edges, means, label, index)
-    batch_ax.set(ylabel="batch size (sequences)", title="Batch size and KV-cache usage over time")
-    kv_ax.set(xlabel="time (s)", ylabel="KV cache used (fraction)", ylim=(0, 1.05))
-    _finish(batch_ax)
-    _finish(kv_ax)
+        _utilization_lines(use_ax, group, edges, replicas, label, index)
+    batch_ax.set(ylabel="batch size (sequences)", title="Batch size, KV-cache usage and GPU utilization over time")
+    kv_ax.set(ylabel="KV cache used (fraction)", ylim=(0, 1.05))
+    use_ax.set(xlabel="time (s)", ylabel="busy / MBU / MFU (fraction)", ylim=(0, 1.05))
+    for ax in (batch_ax, kv_ax, use_ax):
+        _finish(ax)
     return fig
+
+
+_UTILIZATION_LINES = (("busy", None, "-"), ("MBU", "mbu", "--"), ("MFU", "mfu", ":"))
+
+
+def _utilization_lines(
+    ax: Axes, group: pd.DataFrame, edges: np.ndarray, replicas: int, label: str, index: int
+) -> None:
+    """Busy fraction (nvidia-smi's figure), MBU and MFU of one group, binned like the others."""
+    for name, column, style in _UTILIZATION_LINES:
+        if column is not None and column not in group.columns:
+            continue
+        values = np.ones(len(group)) if column is None else group[column].fillna(0.0)
+        means = binned_time_mean(group["start_s"], group["duration_s"], values, edges) / replicas
+        ax.step(
+            edges, np.append(means, means[-1:]), where="post", label=f"{label} {name}", color=_color(index),
+            linestyle=style,
+        )  # fmt: skip
 
 
 def throughput_over_time(

@@ -74,6 +74,7 @@ class ReplicaState:
         self.outstanding_tokens = 0
         self.idle_slots = 0
         self.idle_slot_kv_tokens = 0
+        self.prefill_context_tokens = 0  # of the pass ``begin`` last prepared
         self.queue_area_s = 0.0
         self._records = records
         self._prompt = prompt_tokens
@@ -223,6 +224,7 @@ class ReplicaState:
             decodes = kv_tokens = 0
         prefill_tokens = 0
         attention_work = 0.0
+        self.prefill_context_tokens = 0
         if plan.prefill:
             prefill_tokens, attention_work = self._begin_prefills(plan.prefill, now_s)
         if plan.charge_idle_slots:
@@ -241,6 +243,7 @@ class ReplicaState:
                 self.blocks.allocate(grow)
                 seq.blocks += grow
             attention_work += tokens * (seq.computed_tokens + tokens / 2)
+            self.prefill_context_tokens += seq.computed_tokens  # cached KV this piece reads (MBU)
             seq.computed_tokens += tokens
             prefill_tokens += tokens
             assert 0 < tokens and seq.computed_tokens <= seq.target_tokens, (

@@ -132,8 +132,9 @@ class Worker:
             last_end_s = env.now
             completed = state.end(plan, last_end_s)
             record(
-                index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks
-            )
+                index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks,
+                totals[2], totals[4], state.prefill_context_tokens,
+            )  # fmt: skip
             if completed:
                 self._on_completed(completed)
             passes += 1
@@ -175,8 +176,8 @@ class Worker:
         yield env.timeout(delay_until(env.now, end_s))
         completed = state.end_block(env.now)
         record, index = self._iterations.append, state.index
-        for pass_start_s, pass_s, (prefill, _, _, decodes, _), used in passes:
-            record(index, pass_start_s, pass_s, decodes, prefill, decodes, used)
+        for pass_start_s, pass_s, (prefill, _, work, decodes, kv_tokens), used in passes:
+            record(index, pass_start_s, pass_s, decodes, prefill, decodes, used, work, kv_tokens, 0)
         if completed:
             self._on_completed(completed)
         for _ in passes:
