@@ -245,3 +245,41 @@ def test_summary_without_pass_work_is_nan() -> None:
     out = simulate(resolved.stream, policy, **resolved.engine_kwargs(policy))
     row = sim.metrics.summary.summarize_run(out.requests, out.iterations, scenario="s", policy="p")
     assert all(np.isnan(row[c]) for c in ("mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy"))
+
+
+MOE_CONFIGS = [("mixtral-8x7b", "a100-80gb", 2), ("qwen3-30b-a3b", "a100-80gb", 1), ("deepseek-v3", "h200", 8)]
+
+
+@pytest.mark.parametrize("config", MOE_CONFIGS, ids=_config_id)
+def test_moe_flops_count_active_parameters_only(config: tuple[str, str, int]) -> None:
+    model, _, _, cost, work = _setup(config)
+    row = _pass([2048], [0], [], cost)
+    # 2 FLOPs per active weight per token (not per expert the model holds), + LM head + attention.
+    expected = (
+        2 * (model.active_params - model.embedding_params) * 2048
+        + 2 * model.hidden_size * model.vocab_size
+        + 4 * model.num_layers * model.num_q_heads * model.head_dim * 2048 * 1024
+    )
+    assert work.flops(row)[0] == pytest.approx(expected, rel=1e-9)
+    assert model.active_params < model.num_params
+
+
+@pytest.mark.parametrize("config", MOE_CONFIGS, ids=_config_id)
+def test_moe_weight_reads_grow_from_active_to_total_with_the_batch(config: tuple[str, str, int]) -> None:
+    model, _, _, cost, work = _setup(config)
+    one = work.bytes(_pass([], [], [1], cost))[0]
+    many = work.bytes(_pass([], [], [1] * 4096, cost))[0]
+    moe = model.moe
+    assert moe is not None
+    routed_all = (model.num_layers - moe.dense_layers) * moe.num_experts * moe.expert_params(model.hidden_size)
+    # One token reads its top-k experts (about the active weights); 4096 tokens touch them all.
+    assert one < 1.5 * model.active_params * model.weight_bytes_per_param + model.vocab_size * model.hidden_size * 2
+    assert many >= 0.99 * routed_all * model.weight_bytes_per_param
+
+
+@settings(max_examples=100)
+@given(st.sampled_from(MOE_CONFIGS), st.integers(1, 512), st.integers(1, 4096))
+def test_moe_mfu_and_mbu_lie_in_zero_one(config: tuple[str, str, int], batch: int, context: int) -> None:
+    *_, cost, work = _setup(config)
+    row = _pass([], [], [context] * batch, cost)
+    assert 0.0 < work.mfu(row)[0] <= 1.0 and 0.0 < work.mbu(row)[0] <= 1.0

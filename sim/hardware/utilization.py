@@ -30,6 +30,12 @@ prefill pieces attend to, C_i prefill tokens and D_i decode sequences whose new 
 are written. Activations are left out (whether they reach HBM depends on fusion), as in
 the usual MBU definition of (weights + KV cache) / time / bandwidth.
 
+Mixture-of-experts models (:mod:`sim.hardware.moe`): f_lin is 2 x the *active* non-embedding
+parameters (every token passes through top-k experts, so FLOPs stay linear in N_i), and w
+counts the non-routed weights plus D(N_i) x one routed expert's weights in every MoE layer,
+D(N) = E x (1 - (1 - k/E)^N) the expected experts N tokens touch: the weights a pass
+actually reads.
+
 Static batching's padded slots are in N_i, R_i, K_i and D_i: the GPU computes them (as
 ``gpu_busy_frac`` counts them as busy), so MFU and MBU are what the hardware does, not
 useful work; compare ``output_tps`` for that.
@@ -75,6 +81,9 @@ class PassWork:
     kv_bytes_per_token: float
     peak_flops_per_s: float
     peak_bytes_per_s: float
+    routed_expert_bytes: float = 0.0
+    top_k: int = 0
+    num_experts: int = 0
 
     REQUIRED_COLUMNS: ClassVar[tuple[str, ...]] = ("duration_s", *_TOTALS)
     """Iteration columns read (``prefill_context_tokens`` too when present: 0 otherwise)."""
@@ -91,6 +100,8 @@ class PassWork:
         linear_bytes = np.sum([layers[op] * nbytes for op, (_, nbytes) in work.items()], axis=0)
         head_flops, head_bytes = lm_head_work(model, tp, zero_one)
         q_width = model.q_heads_per_gpu(tp) * model.head_dim
+        if model.moe is not None:
+            return cls._of_moe(model, gpu, tp, float(head_flops[1]), float(head_bytes[0]), q_width)
         return cls(
             flops_per_token=tp * float(linear_flops[1]),
             flops_per_row=tp * float(head_flops[1]),
@@ -101,6 +112,36 @@ class PassWork:
             peak_bytes_per_s=tp * gpu.hbm_gb_per_s * 1e9,
         )
 
+    @classmethod
+    def _of_moe(
+        cls, model: ModelSpec, gpu: GPUSpec, tp: int, head_flops: float, head_bytes: float, q_width: int
+    ) -> PassWork:
+        moe = model.moe
+        assert moe is not None
+        moe_layers = model.num_layers - moe.dense_layers
+        expert_params = moe_layers * moe.expert_params(model.hidden_size)
+        layer_params = model.num_params - model.embedding_params
+        non_routed = (layer_params - moe.num_experts * expert_params) * model.weight_bytes_per_param
+        return cls(
+            flops_per_token=2.0 * (model.active_params - model.embedding_params),
+            flops_per_row=tp * head_flops,
+            flops_per_attention_work=tp * 4.0 * model.num_layers * q_width,
+            weight_bytes=non_routed + tp * head_bytes,
+            kv_bytes_per_token=tp * float(kv_bytes_per_token(model, tp)),
+            peak_flops_per_s=tp * gpu.peak_bf16_tflops * 1e12,
+            peak_bytes_per_s=tp * gpu.hbm_gb_per_s * 1e9,
+            routed_expert_bytes=float(expert_params * model.weight_bytes_per_param),
+            top_k=moe.top_k,
+            num_experts=moe.num_experts,
+        )
+
+    def touched_expert_bytes(self, tokens: np.ndarray) -> np.ndarray:
+        """Routed-expert weights a pass of ``tokens`` tokens reads (0 for a dense model)."""
+        if not self.routed_expert_bytes:
+            return np.zeros_like(np.asarray(tokens, float))
+        touched = self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** np.asarray(tokens, float))
+        return self.routed_expert_bytes * touched
+
     def flops(self, iterations: pd.DataFrame) -> np.ndarray:
         """F_i of every pass (a new float array)."""
         totals = {c: iterations[c].to_numpy(dtype=float) for c in _TOTALS}
@@ -109,7 +150,8 @@ class PassWork:
     def bytes(self, iterations: pd.DataFrame) -> np.ndarray:
         """B_i of every pass (a new float array)."""
         totals = {c: iterations[c].to_numpy(dtype=float) for c in _TOTALS}
-        return self._bytes(totals, _column(iterations, "prefill_context_tokens"), 1.0)
+        dense = self._bytes(totals, _column(iterations, "prefill_context_tokens"), 1.0)
+        return dense + self.touched_expert_bytes(_tokens(iterations))
 
     def total_flops(self, iterations: pd.DataFrame) -> float:
         """Sum of F_i over all passes, from column sums (F is linear: no per-pass array)."""
@@ -118,7 +160,10 @@ class PassWork:
     def total_bytes(self, iterations: pd.DataFrame) -> float:
         """Sum of B_i over all passes, from column sums (B is linear: no per-pass array)."""
         context = _sums(iterations, ("prefill_context_tokens",)).get("prefill_context_tokens", 0.0)
-        return float(self._bytes(_sums(iterations, _TOTALS), context, float(len(iterations))))
+        dense = float(self._bytes(_sums(iterations, _TOTALS), context, float(len(iterations))))
+        if not self.routed_expert_bytes:
+            return dense
+        return dense + float(self.touched_expert_bytes(_tokens(iterations)).sum())
 
     def mfu(self, iterations: pd.DataFrame) -> np.ndarray:
         """MFU_i = F_i / (d_i x peak FLOP/s); NaN for a pass of zero duration."""
@@ -148,6 +193,11 @@ class PassWork:
         read_tokens = totals["decode_kv_tokens"] + context_tokens
         written_tokens = totals["prefill_tokens"] + totals["decode_tokens"]
         return self.weight_bytes * passes + self.kv_bytes_per_token * (read_tokens + written_tokens)
+
+
+def _tokens(iterations: pd.DataFrame) -> np.ndarray:
+    """N_i: tokens each pass runs (prefill tokens + decode sequences)."""
+    return iterations["prefill_tokens"].to_numpy(dtype=float) + iterations["decode_tokens"].to_numpy(dtype=float)
 
 
 def _sums(iterations: pd.DataFrame, columns: tuple[str, ...]) -> dict[str, float]:
