@@ -2,8 +2,9 @@
 
 Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``schema`` (the scenario field reference), ``quickstart`` (results/quickstart/summary.md)
-``speedup`` (the table of results/batching_speedup.md) and ``validation``
-(results/validation/vllm-0.6.0-burst.md). Pages under docs/ may hold any of the same
+``speedup`` (the table of results/batching_speedup.md), ``validation``
+(results/validation/vllm-0.6.0-burst.md), ``incident`` (results/incident/summary.md) and
+``client_advice`` (the verdicts of results/client_advice.csv). Pages under docs/ may hold any of the same
 blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
 tests/test_readme.py runs that check.
 
@@ -26,6 +27,17 @@ def _table_only(markdown: str) -> str:
     return "\n".join(line for line in markdown.splitlines() if line.startswith("|"))
 
 
+def _verdicts(csv: Path) -> str:
+    """Experiment, advice and verdict of each row of results/client_advice.csv, as a Markdown table."""
+    import pandas as pd
+
+    table = pd.read_csv(csv)[["experiment", "advice", "supported", "verdict"]]
+    rows = ["| experiment | advice | supported | verdict |", "|---|---|---|---|"]
+    for r in table.itertuples():
+        rows.append(f"| {r.experiment} | {r.advice} | {'yes' if r.supported else 'no'} | {r.verdict} |")
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, str]:
     """The current text of every generated block."""
     results = REPO / "results"
@@ -34,6 +46,8 @@ def blocks() -> dict[str, str]:
         "quickstart": _table_only((results / "quickstart" / "summary.md").read_text()),
         "speedup": _table_only((results / "batching_speedup.md").read_text()),
         "validation": _table_only((results / "validation" / "vllm-0.6.0-burst.md").read_text()),
+        "incident": _table_only((results / "incident" / "summary.md").read_text()),
+        "client_advice": _verdicts(results / "client_advice.csv"),
     }
 
 

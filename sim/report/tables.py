@@ -75,6 +75,10 @@ FORMATS: dict[str, ColumnFormat] = {
     "queue_p90_s": _ms("queue p90", "Q90 ms"),
     "queue_p99_s": _ms("queue p99", "Q99 ms"),
     "gpu_busy_frac": _pct("GPU busy", "busy %"),
+    "mfu_mean": _pct("MFU", "MFU %"),
+    "mbu_mean": _pct("MBU", "MBU %"),
+    "mfu_busy": _pct("MFU while busy", "MFUb %"),
+    "mbu_busy": _pct("MBU while busy", "MBUb %"),
     "kv_peak_frac": _pct("KV peak", "KVmax %"),
     "kv_mean_frac": _pct("KV mean", "KVavg %"),
     "mean_batch_size": ColumnFormat("mean batch", "batch", decimals=1),
@@ -89,7 +93,7 @@ FORMATS: dict[str, ColumnFormat] = {
 MARKDOWN_COLUMNS: tuple[str, ...] = (
     "policy", "requests", "completed", "throughput_rps", "output_tps", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_mean_s", "e2e_p99_s", "queue_p50_s",
-    "gpu_busy_frac", "kv_peak_frac", "mean_batch_size", "preemptions",
+    "gpu_busy_frac", "mfu_mean", "mbu_mean", "kv_peak_frac", "mean_batch_size", "preemptions",
 )  # fmt: skip
 """Default columns of ``summary.md``."""
 
