@@ -1,7 +1,9 @@
 """``python -m sim report``: regenerate results/ from the shipped scenarios.
 
 Each scenario's outputs go to ``results/<name>/``; the scenarios under
-``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}``; the real vLLM runs
+``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}`` and, when all four
+length classes are there, the speedup map ``results/speedup_map.{csv,md}`` and
+``speedup_map_<class>.png`` (:mod:`sim.report.speedup_map`); the real vLLM runs
 in ``../shared/validation`` are replayed into ``results/validation/`` (skipped, saying so, where
 absent). A scenario
 whose trace is not on this machine is skipped with a message, not an error. Every
@@ -11,14 +13,19 @@ the first simulation, so a folder that must not be replaced fails the report at 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from sim.errors import MissingDataError
 from sim.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
 from sim.scenario_io import load_scenario
+
+if TYPE_CHECKING:
+    from sim.report.speedup_map import MapConfig, SpeedupMap
 
 SPEEDUP_FOLDER = "seed_table"
 
@@ -51,8 +58,12 @@ def regenerate_results(
         if path.parent.name == SPEEDUP_FOLDER:
             seed_table[result.scenario.name] = result.summary
         log(f"{result.scenario.name}: {len(result.summary)} policies in {result.runtime_s:.1f}s")
+    speedup_map = write_speedup_map(scenarios_dir, out_dir, plots=plots, log=log)
     if seed_table:
-        write_speedup(seed_table, out_dir, plots=plots)
+        from sim.report.speedup_map_text import conclusion
+
+        closing = conclusion(speedup_map) if speedup_map is not None else None
+        write_speedup(seed_table, out_dir, plots=plots, conclusion=closing)
         log(f"wrote {out_dir / 'batching_speedup.md'}")
     from sim.validation.report import report_validation
 
@@ -68,8 +79,10 @@ def regenerate_results(
     return summaries
 
 
-def write_speedup(summaries: dict[str, pd.DataFrame], out_dir: Path, *, plots: bool = True) -> pd.DataFrame:
-    """batching_speedup.csv/.md (and .png) from per-scenario summaries."""
+def write_speedup(
+    summaries: dict[str, pd.DataFrame], out_dir: Path, *, plots: bool = True, conclusion: str | None = None
+) -> pd.DataFrame:
+    """batching_speedup.csv/.md (and .png) from per-scenario summaries; ``conclusion`` closes the text."""
     from sim.report import plots as figures
     from sim.report.speedup import speedup_markdown, speedup_table
 
@@ -77,8 +90,49 @@ def write_speedup(summaries: dict[str, pd.DataFrame], out_dir: Path, *, plots: b
     with atomic_file(out_dir / "batching_speedup.csv") as tmp:
         table.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
     with atomic_file(out_dir / "batching_speedup.md") as tmp:
-        tmp.write_text(speedup_markdown(table))
+        tmp.write_text(speedup_markdown(table, conclusion=conclusion))
     if plots:
         with atomic_file(out_dir / "batching_speedup.png") as tmp:
             figures.save_figure(figures.speedup_bars(table), tmp)
     return table
+
+
+def write_speedup_map(
+    scenarios_dir: Path, out_dir: Path, *, plots: bool = True, log: Callable[[str], None] = print,
+    config: MapConfig | None = None,
+) -> SpeedupMap | None:
+    """Measure the speedup map and write speedup_map.csv/.md (and one PNG per class).
+
+    Returns:
+        The map, or None (saying so) when a length class's seed-table scenario is absent.
+    """
+    from sim.report.speedup_map import CLASS_FILES, MapConfig, measure_map
+
+    config = config or MapConfig()
+    missing = [c for c in config.classes if not (scenarios_dir / SPEEDUP_FOLDER / f"{CLASS_FILES[c]}.yaml").exists()]
+    if missing:
+        log(f"skipped the speedup map: no {SPEEDUP_FOLDER}/ scenario for {', '.join(missing)}")
+        return None
+    started = time.perf_counter()
+    speedup_map = measure_map(scenarios_dir, config, log=log)
+    save_speedup_map(speedup_map, out_dir, plots=plots)
+    log(f"wrote {out_dir / 'speedup_map.md'} in {time.perf_counter() - started:.0f}s")
+    return speedup_map
+
+
+def save_speedup_map(speedup_map: SpeedupMap, out_dir: Path, *, plots: bool = True) -> None:
+    """speedup_map.csv/.md and, with ``plots``, speedup_map_<class>.png into ``out_dir``."""
+    from sim.report.speedup_map_text import map_markdown
+
+    with atomic_file(out_dir / "speedup_map.csv") as tmp:
+        speedup_map.table.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
+    with atomic_file(out_dir / "speedup_map.md") as tmp:
+        tmp.write_text(map_markdown(speedup_map))
+    if not plots:
+        return
+    from sim.report import plots as figures
+    from sim.report.speedup_map_plot import speedup_heatmap
+
+    for name in speedup_map.config.classes:
+        with atomic_file(out_dir / f"speedup_map_{name}.png") as tmp:
+            figures.save_figure(speedup_heatmap(speedup_map.table, name), tmp)

@@ -64,13 +64,18 @@ def speedup_table(
 
 
 def speedup_markdown(
-    table: pd.DataFrame, reference_range: tuple[float, float] | None = CLAIMED_SPEEDUP_RANGE
+    table: pd.DataFrame,
+    reference_range: tuple[float, float] | None = CLAIMED_SPEEDUP_RANGE,
+    conclusion: str | None = None,
 ) -> str:
     """The speedup table in Markdown, followed by definitions and an explanation.
 
     Args:
         table: the DataFrame from :func:`speedup_table`.
         reference_range: a published (low, high) speedup range to compare against, or None.
+        conclusion: the closing paragraph (the speedup map's conclusion,
+            :func:`sim.report.speedup_map_text.conclusion`); None: a generic explanation of
+            where the gain comes from, computed from this table alone.
 
     Returns:
         Markdown text ending with a newline; identical input gives an identical string.
@@ -86,7 +91,7 @@ def speedup_markdown(
         markdown_table(headers, rows, numeric),
         _definitions(),
         _findings(table, reference_range),
-        _explanation(table),
+        _explanation(table) if conclusion is None else conclusion,
     ]
     return "\n".join(parts)
 
