@@ -3,8 +3,9 @@
 Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``schema`` (the scenario field reference), ``quickstart`` (results/quickstart/summary.md)
 ``speedup`` (the table of results/batching_speedup.md), ``validation``
-(results/validation/vllm-0.6.0-burst.md), ``incident`` (results/incident/summary.md) and
-``client_advice`` (the verdicts of results/client_advice.csv). Pages under docs/ may hold any of the same
+(results/validation/vllm-0.6.0-burst.md), ``incident`` (results/incident/summary.md),
+``client_advice`` (the verdicts of results/client_advice.csv), ``speedup_map`` and
+``article_table`` (the grid and the quoted table's form in results/speedup_map.md). Pages under docs/ may hold any of the same
 blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
 tests/test_readme.py runs that check.
 
@@ -25,6 +26,15 @@ from sim.schema_doc import schema_markdown  # noqa: E402
 
 def _table_only(markdown: str) -> str:
     return "\n".join(line for line in markdown.splitlines() if line.startswith("|"))
+
+
+def _table_after(markdown: str, heading: str) -> str:
+    """The first Markdown table after the line starting with ``heading``."""
+    lines = markdown.splitlines()
+    after = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    start = next(i for i in range(after, len(lines)) if lines[i].startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
 
 
 def _verdicts(csv: Path) -> str:
@@ -48,6 +58,8 @@ def blocks() -> dict[str, str]:
         "validation": _table_only((results / "validation" / "vllm-0.6.0-burst.md").read_text()),
         "incident": _table_only((results / "incident" / "summary.md").read_text()),
         "client_advice": _verdicts(results / "client_advice.csv"),
+        "speedup_map": _table_after((results / "speedup_map.md").read_text(), "## Speedup per length class"),
+        "article_table": _table_after((results / "speedup_map.md").read_text(), "## The quoted table"),
     }
 
 

@@ -30,6 +30,37 @@ if TYPE_CHECKING:
 SPEEDUP_FOLDER = "seed_table"
 
 
+def _validation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.validation.report import report_validation
+
+    report_validation(out_dir, log=log)
+
+
+def _client_advice(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.report.client_advice import write_client_advice
+
+    write_client_advice(out_dir)
+    log(f"wrote {out_dir / 'client_advice.md'}")
+
+
+def _moe(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.report.moe import write_moe_report
+
+    write_moe_report(out_dir, plots=plots)
+    log(f"wrote {out_dir / 'moe.md'}")
+
+
+ExtraReport = Callable[..., None]
+EXTRA_REPORTS: dict[str, ExtraReport] = {
+    "validation/ (real vLLM runs vs their replay)": _validation,
+    "client_advice.{csv,md}": _client_advice,
+    "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
+}
+"""Reports written after the shipped scenarios, in order, by what they write: each is
+``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the
+report runs) and logs what it wrote or why it skipped."""
+
+
 def shipped_scenarios(folder: Path) -> list[Path]:
     """Top-level scenario files, then the seed-table cases, each group sorted by name."""
     return sorted(folder.glob("*.yaml")) + sorted((folder / SPEEDUP_FOLDER).glob("*.yaml"))
@@ -65,17 +96,8 @@ def regenerate_results(
         closing = conclusion(speedup_map) if speedup_map is not None else None
         write_speedup(seed_table, out_dir, plots=plots, conclusion=closing)
         log(f"wrote {out_dir / 'batching_speedup.md'}")
-    from sim.validation.report import report_validation
-
-    report_validation(out_dir, log=log)  # results/validation/: real vLLM runs vs their replay
-    from sim.report.client_advice import write_client_advice
-
-    write_client_advice(out_dir)
-    log(f"wrote {out_dir / 'client_advice.md'}")
-    from sim.report.moe import write_moe_report
-
-    write_moe_report(out_dir, plots=plots)  # scenarios/moe/ -> results/moe/, moe.md, moe_cost.png
-    log(f"wrote {out_dir / 'moe.md'}")
+    for write in EXTRA_REPORTS.values():
+        write(out_dir, plots=plots, log=log)
     return summaries
 
 
