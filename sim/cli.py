@@ -109,6 +109,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-events", action="store_true",
                    help="also write trace.json: every forward pass and request as a Chrome trace-event file "
                         "(open in ui.perfetto.dev)")
+    p.add_argument("--json", action="store_true",
+                   help="also write benchmark.json: per policy, the figures under vLLM benchmark_serving's result keys "
+                        "(mean_ttft_ms, p99_itl_ms, output_throughput, ...; percentiles from metrics.percentiles)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -130,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
     for warning in caught:  # one plain line each (estimates before a large run, an empty warm-up window)
         print(f"warning: {warning.message}", file=sys.stderr)
-    result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events)
+    result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json)
     if not args.quiet:
         facts = result.facts
         print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {scenario.gpu} "

@@ -68,8 +68,9 @@ PLOTS = {
 RESOLVED_YAML = "scenario.resolved.yaml"
 # Every file save_result may write: the only names a results folder may hold to be replaced.
 TRACE_FILE = "trace.json"
+BENCHMARK_FILE = "benchmark.json"
 RESULT_FILES = frozenset(
-    {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML, TRACE_FILE, *PLOTS}
+    {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML, TRACE_FILE, BENCHMARK_FILE, *PLOTS}
 )
 
 
@@ -310,9 +311,11 @@ def _tmp_prefix(target: Path) -> str:
 
 
 # --------------------------------------------------------------------------- writing a result
-def save_result(result: RunResult, out_dir: Path, *, plots: bool = True, trace_events: bool = False) -> Path:
+def save_result(
+    result: RunResult, out_dir: Path, *, plots: bool = True, trace_events: bool = False, json: bool = False
+) -> Path:
     """Write summary, per-request/per-iteration CSVs, the resolved scenario and plots to ``out_dir``
-    (and ``trace.json`` with ``trace_events``).
+    (and ``trace.json`` with ``trace_events``, ``benchmark.json`` with ``json``).
 
     Raises:
         UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write.
@@ -323,7 +326,31 @@ def save_result(result: RunResult, out_dir: Path, *, plots: bool = True, trace_e
             write_plots(result, tmp)
         if trace_events and not result.summary_only:
             write_trace(result, tmp / TRACE_FILE)
+        if json:
+            write_benchmark_json(result, tmp / BENCHMARK_FILE)
     return out_dir
+
+
+def write_benchmark_json(result: RunResult, path: Path) -> None:
+    """``benchmark.json``: per policy, vLLM benchmark_serving's result keys (:mod:`sim.metrics.benchmark`)."""
+    import json
+
+    from sim import __version__
+
+    facts = result.facts
+    document = {
+        "backend": "batchsim",
+        "batchsim_version": __version__,
+        "scenario": result.scenario.name,
+        "seed": result.seed,
+        "model_id": facts.get("model_hf_name"),
+        "gpu": result.scenario.gpu,
+        "tensor_parallel": result.scenario.tensor_parallel,
+        "replicas": result.scenario.replicas,
+        "metric_percentiles": ",".join(f"{q:g}" for q in result.scenario.metrics.percentiles),
+        "results": [{"policy": name, **record} for name, record in result.benchmark.items()],
+    }
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
 
 
 def write_trace(result: RunResult, path: Path) -> None:

@@ -25,6 +25,7 @@ from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import KVBudget, kv_budget
 from sim.hardware.utilization import PassWork
+from sim.metrics.benchmark import benchmark_record
 from sim.metrics.estimate import warn_if_large
 from sim.metrics.records import sample_every_kth
 from sim.metrics.summary import summarize_run
@@ -117,6 +118,8 @@ class RunResult:
         runtime_s: wall-clock seconds the simulations and summaries took.
         summary_only: ``requests`` and ``iterations`` are empty (right columns, no rows):
             only the summary was kept, so no per-request/per-iteration files or plots.
+        benchmark: per policy, its figures under vLLM benchmark_serving's result keys
+            (:mod:`sim.metrics.benchmark`; written as ``benchmark.json`` by ``run --json``).
     """
 
     scenario: Scenario
@@ -127,13 +130,15 @@ class RunResult:
     runtime_s: float = 0.0
     seed: int = field(default=0)
     summary_only: bool = False
+    benchmark: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def save(self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False) -> Path:
-        """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`);
-        with ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run)."""
+    def save(self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, json: bool = False) -> Path:
+        """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`); with
+        ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run), with ``json``
+        ``benchmark.json`` (vLLM benchmark_serving's result keys, per policy)."""
         from sim.outputs import save_result
 
-        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events)
+        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events, json=json)
 
     def __repr__(self) -> str:
         from sim.report.tables import summary_text
@@ -316,6 +321,7 @@ class _Kept:
     requests: pd.DataFrame  # all rows, or none (summary only)
     iterations: pd.DataFrame  # every ``every``-th row, or none (summary only)
     every: int  # 0 when summary only
+    benchmark: dict[str, Any]  # benchmark_serving-style figures, computed from all the records
 
 
 def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: bool) -> _Kept:
@@ -335,12 +341,16 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         itl=out.itl,
         work=resolved.pass_work,
     )
+    metrics = scenario.metrics
+    benchmark = benchmark_record(
+        row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s
+    )
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
-        return _Kept(row, out.requests.iloc[:0].copy(), empty, 0)
-    iterations, every = sample_every_kth(out.iterations, scenario.metrics.max_iteration_rows)
+        return _Kept(row, out.requests.iloc[:0].copy(), empty, 0, benchmark)
+    iterations, every = sample_every_kth(out.iterations, metrics.max_iteration_rows)
     # Per-pass MFU and MBU only on the kept rows: the summary took its figures from all passes.
-    return _Kept(row, out.requests, resolved.pass_work.add_columns(iterations), every)
+    return _Kept(row, out.requests, resolved.pass_work.add_columns(iterations), every, benchmark)
 
 
 def _assemble(
@@ -355,8 +365,10 @@ def _assemble(
         facts["summary_only"] = True
     else:
         facts["iterations_every"] = {n: k.every for n, k in per_policy.items()}
+    benchmark = {name: kept.benchmark for name, kept in per_policy.items()}
     return RunResult(
-        scenario, facts, summary, requests, iterations, runtime_s, scenario.seed, summary_only=summary_only
+        scenario, facts, summary, requests, iterations, runtime_s, scenario.seed, summary_only=summary_only,
+        benchmark=benchmark,
     )
 
 

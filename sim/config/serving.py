@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import MAX_DURATION_S, MAX_KV_BLOCKS, MAX_TOKENS, Float, Int, StrictModel
 
@@ -124,5 +124,20 @@ class MetricsConfig(StrictModel):
         description="Per policy, keep (in memory and in iterations.csv) every k-th iteration beyond this many "
         "rows (summaries use all).",
     )
+    percentiles: list[Float] = Field(
+        [50.0, 90.0, 99.0],
+        min_length=1,
+        max_length=20,
+        description="Percentiles (in (0, 100]) of TTFT, TPOT, ITL and E2E written to benchmark.json (run --json), "
+        "as benchmark_serving's --metric-percentiles; summary.csv keeps its fixed p50/p90/p99 columns.",
+    )
+
+    @field_validator("percentiles")
+    @classmethod
+    def _percentiles_in_range(cls, values: list[float]) -> list[float]:
+        bad = [q for q in values if not 0 < q <= 100]
+        if bad:
+            raise ValueError(f"{bad[0]:g} is not a percentile: each must be in (0, 100]")
+        return sorted(set(values))
 
 

@@ -36,7 +36,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "queue_mean_s", "queue_p90_s", "queue_p99_s", "kv_mean_frac",
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
-    "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy",
+    "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy", "total_tps",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -217,7 +217,17 @@ def _rates(
         "output_tps": _per_second(requests["output_tokens"][completed].sum(), duration_s),
         "rps_per_gpu": throughput_rps / num_gpus,
         "requests_per_usd": per_usd,
+        "total_tps": _total_tps(requests, completed, duration_s),
     }
+
+
+def _total_tps(requests: pd.DataFrame, completed: np.ndarray, duration_s: float) -> float:
+    """Prompt + output tokens of completed requests per second (benchmark_serving's total
+    token throughput); NaN for a requests table without prompt lengths."""
+    if "prompt_tokens" not in requests.columns:
+        return math.nan
+    tokens = requests["prompt_tokens"][completed].sum() + requests["output_tokens"][completed].sum()
+    return _per_second(tokens, duration_s)
 
 
 def _latency_stats(measured: pd.DataFrame) -> dict[str, float]:
