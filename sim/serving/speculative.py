@@ -67,16 +67,29 @@ class Speculation:
         total = sum(price(0, 0, 0.0, n, kv) for n, kv in zip(seqs_by_pass, kv_by_pass, strict=True) if n)
         return scale * total
 
-    def lm_head_extra_s(self, counted_rows: int, sampled_rows: int) -> float:
-        """LM-head time of sampling ``sampled_rows`` rows where the pass's totals count ``counted_rows``.
+    def correction_s(self, counted_rows: int, sampled_rows: int, verify: CostTotals) -> float:
+        """What the prefill form misses in a verification pass (0 for a cost model without a breakdown).
 
-        The prefill form samples one row per piece; verification samples every position.
-        A cost model without a component breakdown gets no correction.
+        * LM head: the totals count ``counted_rows`` sampled rows (one per piece), verification
+          samples ``sampled_rows`` (every verified position).
+        * Attention: the prefill form was fitted on compute-bound prefills and prices a short
+          chunk's KV reads below what one decode step reads (about 1/5 for 5 tokens against a
+          long context), but every verified sequence reads its whole KV at least once; the
+          verification's attention is the larger of the prefill form and the decode form of the
+          same sequences (a roofline max).
         """
         breakdown = getattr(self.target, "breakdown_from_totals_s", None)
-        if breakdown is None or sampled_rows <= counted_rows:
+        if breakdown is None:
             return 0.0
-        return breakdown(0, 0, 0.0, sampled_rows, 0)["lm_head"] - breakdown(0, 0, 0.0, counted_rows, 0)["lm_head"]
+        extra = 0.0
+        if sampled_rows > counted_rows:
+            extra += breakdown(0, 0, 0.0, sampled_rows, 0)["lm_head"] - breakdown(0, 0, 0.0, counted_rows, 0)["lm_head"]
+        tokens, seqs, work, kv_tokens = verify[0], verify[1], verify[2], verify[4]
+        if seqs:
+            as_prefill = breakdown(tokens, seqs, work, 0, 0).get("attention_prefill", 0.0)
+            as_decode = breakdown(0, 0, 0.0, seqs, kv_tokens).get("attention_decode", 0.0)
+            extra += max(0.0, as_decode - as_prefill)
+        return extra
 
 
 def make_speculation(
@@ -154,7 +167,7 @@ class SpeculativeReplicaState(ReplicaState):
             raise RuntimeError("speculative decoding runs only with iteration-level, single-step plans")
         if plan.preempt:
             self._preempt(plan.preempt, now_s)
-        verify_tokens, verify_work, context, sampled, seqs_by_pass, kv_by_pass = self._begin_verification()
+        verify_tokens, verify_work, context, seqs_by_pass, kv_by_pass = self._begin_verification()
         prefill_tokens, work = 0, 0.0
         self.prefill_context_tokens = 0
         if plan.prefill:
@@ -163,8 +176,9 @@ class SpeculativeReplicaState(ReplicaState):
         verified = len(self._pending)
         pieces = len(plan.prefill) + verified
         spec = self.speculation
-        self.pass_extra_s = spec.draft_s(seqs_by_pass, kv_by_pass) + spec.lm_head_extra_s(
-            pieces, len(plan.prefill) + sampled
+        verify = (verify_tokens, verified, verify_work, 0, context + verified)  # decode KV: cached + fed-in token
+        self.pass_extra_s = spec.draft_s(seqs_by_pass, kv_by_pass) + spec.correction_s(
+            pieces, len(plan.prefill) + verify_tokens, verify
         )
         return prefill_tokens + verify_tokens, pieces, work + verify_work, 0, 0
 
@@ -187,10 +201,10 @@ class SpeculativeReplicaState(ReplicaState):
         return super().end(plan, now_s)
 
     # ------------------------------------------------------------------ internals
-    def _begin_verification(self) -> tuple[int, float, int, int, list[int], list[int]]:
+    def _begin_verification(self) -> tuple[int, float, int, list[int], list[int]]:
         """Draw each member's accepted tokens, allocate its draft positions' blocks; return
-        (verified tokens, attention work, cached context read, sampled rows, draft passes'
-        sequences, draft passes' KV tokens)."""
+        (verified tokens, attention work, cached context read, draft passes' sequences,
+        draft passes' KV tokens)."""
         decoders, blocks_for, trace = self.decoders, self.blocks.blocks_for, self.speculation.trace
         gamma, paged, pending = self._gamma, self._reserve is None, self._pending
         by_draft = [0] * (gamma + 1)  # members by tokens drafted, and their contexts
@@ -216,7 +230,7 @@ class SpeculativeReplicaState(ReplicaState):
             self.blocks.allocate(allocate)
             self._surplus_blocks = allocate - keep
         seqs_by_pass, kv_by_pass = _draft_passes(by_draft, context_by_draft)
-        return tokens, work, cached, tokens, seqs_by_pass, kv_by_pass
+        return tokens, work, cached, seqs_by_pass, kv_by_pass
 
     def _members(self) -> list[Seq]:
         return [seq for seq in self.running.values() if seq.phase == DECODE]
