@@ -50,11 +50,19 @@ def _moe(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
     log(f"wrote {out_dir / 'moe.md'}")
 
 
+def _speculative(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.report.speculative import write_speculative_report
+
+    write_speculative_report(out_dir, plots)
+    log(f"wrote {out_dir / 'speculative.md'}")
+
+
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
     "validation/ (real vLLM runs vs their replay)": _validation,
     "client_advice.{csv,md}": _client_advice,
     "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
+    "speculative.md, speculative.png": _speculative,
 }
 """Reports written after the shipped scenarios, in order, by what they write: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the

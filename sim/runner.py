@@ -23,6 +23,7 @@ from sim.config import Scenario
 from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
+from sim.hardware.draft import draft_cost_models
 from sim.hardware.memory import KVBudget, kv_budget
 from sim.hardware.utilization import PassWork
 from sim.metrics.benchmark import benchmark_record
@@ -52,6 +53,8 @@ class ResolvedScenario:
     """Requests longer than ``max_model_len``, refused when sent (``over_length: reject``); None: none."""
     gpu_cost_model: CostModel | None = None
     """The cost model without CPU time, for policies with their own ``engine_cpu`` model."""
+    draft_cost_models: dict[str, CostModel] = field(default_factory=dict)
+    """Draft model cost models of policies with speculative decoding by a draft model, by policy name."""
 
     def kv_for(self, policy: Any) -> KVBudget:
         """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization."""
@@ -75,6 +78,7 @@ class ResolvedScenario:
             "refuse": self.over_length,
             "engine_cpu": engine_cpu,
             "frontend": scenario.frontend,
+            "draft_cost_model": self.draft_cost_models.get(policy.name),
         }
 
     @property
@@ -202,8 +206,11 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     check_arrival_span(stream)
     max_len, source = _context_window(scenario, model)
     over = check_context_window(stream, max_len, scenario.over_length, source)
+    drafts = draft_cost_models(
+        list(scenario.policies), model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+    )
     return ResolvedScenario(
-        scenario, model, gpu, kv, cost_model, stream, max_len, over if over.any() else None, gpu_cost_model
+        scenario, model, gpu, kv, cost_model, stream, max_len, over if over.any() else None, gpu_cost_model, drafts
     )
 
 

@@ -23,6 +23,8 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`workload.prompt_tokens` / `workload.output_tokens` (by `kind`)", config.Length),
     ("`policies[]` (by `kind`)", config.PolicyConfig),
     ("`policies[].engine_cpu`", config.EngineCPUConfig),
+    ("`policies[].speculative`", config.SpeculativeConfig),
+    ("`policies[].speculative.acceptance_rate` as a distribution (by `kind`)", config.AcceptanceDistribution),
     ("`frontend`", config.FrontendConfig),
     ("`client`", config.ClientConfig),
     ("`admission`", config.AdmissionConfig),

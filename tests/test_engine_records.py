@@ -43,6 +43,10 @@ def test_tables_have_exactly_the_pinned_columns():
             "preemptions",
             "retries",
             "frontend_s",  # added after v0.1 (issue 10): columns are only ever appended
+            "spec_steps",  # speculative decoding (issue 16)
+            "spec_proposed_tokens",
+            "spec_accepted_tokens",
+            "spec_tokens_per_step",
         )
     )
     assert (

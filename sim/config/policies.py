@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import MAX_DURATION_S, MAX_TOKENS, Float, Int, StrictModel
 
@@ -29,6 +29,85 @@ class EngineCPUConfig(StrictModel):
         description="The next step is scheduled while the GPU runs the current pass (vLLM v1 async "
         "scheduling): only scheduling time beyond the pass's GPU time adds to it.",
     )
+
+
+# --------------------------------------------------------------------------- speculative decoding
+class BetaAcceptance(StrictModel):
+    """Per-request acceptance rate drawn from a Beta distribution (workloads that mix tasks)."""
+
+    kind: Literal["beta"] = "beta"
+    mean: Float = Field(gt=0, lt=1, description="Mean per-token acceptance rate over requests.")
+    concentration: Float = Field(
+        10.0, gt=0, le=1e6, description="alpha + beta of the Beta distribution: larger, less spread across requests."
+    )
+
+
+class UniformAcceptance(StrictModel):
+    """Per-request acceptance rate drawn uniformly from [low, high]."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: Float = Field(ge=0, le=1, description="Lowest per-token acceptance rate.")
+    high: Float = Field(ge=0, le=1, description="Highest per-token acceptance rate.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformAcceptance:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        return self
+
+
+AcceptanceDistribution = Annotated[BetaAcceptance | UniformAcceptance, Field(discriminator="kind")]
+
+
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding: every decode step drafts gamma tokens per sequence, one target pass verifies them.
+
+    Draft tokens are accepted left to right, each with probability ``acceptance_rate``
+    (Leviathan et al., ICML 2023): a step yields 1 to gamma + 1 tokens, mean
+    (1 - a^(gamma+1)) / (1 - a). See docs/speculative.md.
+    """
+
+    method: Literal["draft_model", "ngram", "eagle"] = Field(
+        description="How tokens are drafted: a small 'draft_model' (priced by its own cost model), 'ngram' "
+        "prompt lookup (free), or an 'eagle' head (draft_cost_ratio of a target decode step per draft token)."
+    )
+    num_speculative_tokens: Int = Field(
+        4, ge=1, le=32, description="Draft tokens proposed per sequence per step (gamma)."
+    )
+    acceptance_rate: Float | AcceptanceDistribution = Field(
+        0.7,
+        description="Probability that each draft token is accepted (given the previous ones were): a number in "
+        "[0, 1], or a per-request distribution ({kind: beta, mean, concentration} or {kind: uniform, low, high}).",
+    )
+    draft_model: str | None = Field(
+        None, description="Catalog model that drafts (method draft_model only; same vocabulary as the target)."
+    )
+    draft_cost_ratio: Float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="method eagle: time of one draft step relative to a target decode step of the same batch "
+        "(ignored by ngram, which is free, and by draft_model, which is priced by its own cost model).",
+    )
+
+    @field_validator("acceptance_rate", mode="before")
+    @classmethod
+    def _rate_in_unit_interval(cls, value: Any) -> Any:
+        # Checked here, before the union, so a bad number gives one message, not one per union member.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value <= 1:
+            raise ValueError(f"acceptance_rate must be in [0, 1] (a probability), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _draft_model_iff_method(self) -> SpeculativeConfig:
+        if self.method == "draft_model" and self.draft_model is None:
+            raise ValueError("method draft_model needs draft_model: <catalog model> (python -m sim list models)")
+        if self.method != "draft_model" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only used by method draft_model, not {self.method!r}")
+        return self
+
+
+_SPECULATIVE_DESCRIPTION = "Speculative decoding on every decode step (None: off)."
 
 
 class _PolicyBase(StrictModel):
@@ -64,6 +143,7 @@ class ContinuousPolicyConfig(_PolicyBase):
     """Orca iteration-level batching: requests join and leave after every iteration; KV reserved for max output."""
 
     kind: Literal["continuous"] = "continuous"
+    speculative: SpeculativeConfig | None = Field(None, description=_SPECULATIVE_DESCRIPTION)
 
 
 class PagedPolicyConfig(_PolicyBase):
@@ -81,6 +161,16 @@ class PagedPolicyConfig(_PolicyBase):
         description="Decode passes per scheduling step (vLLM 0.6 multi-step): requests that finish inside "
         "a block keep their slot to its end, prefills wait for the boundary, tokens stream K at a time.",
     )
+    speculative: SpeculativeConfig | None = Field(None, description=_SPECULATIVE_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _no_multi_step_speculation(self) -> PagedPolicyConfig:
+        if self.speculative is not None and self.num_scheduler_steps > 1:
+            raise ValueError(
+                f"speculative decoding needs num_scheduler_steps = 1, got {self.num_scheduler_steps} "
+                "(vLLM does not combine multi-step scheduling with speculative decoding)"
+            )
+        return self
 
 
 class ChunkedPrefillPolicyConfig(_PolicyBase):
@@ -96,6 +186,7 @@ class ChunkedPrefillPolicyConfig(_PolicyBase):
         description="KV allocation of a prefill: 'chunk' as each chunk is computed (vLLM v1), 'prompt' the "
         "whole prompt's blocks at admission (Sarathi-Serve, vLLM v0 chunked prefill).",
     )
+    speculative: SpeculativeConfig | None = Field(None, description=_SPECULATIVE_DESCRIPTION)
 
 
 PolicyConfig = Annotated[

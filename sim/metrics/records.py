@@ -22,6 +22,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "status",
     "first_scheduled_s", "first_token_s", "completion_s", "queue_delay_s", "ttft_s", "tpot_s",
     "e2e_s", "norm_latency_s", "preemptions", "retries", "frontend_s",
+    "spec_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_tokens_per_step",
 )  # fmt: skip
 """Columns of ``SimOutput.requests``, in order."""
 
@@ -55,6 +56,10 @@ class RequestRecords:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self.retries = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int32)
+        # Speculative decoding (zero without it): verification steps, draft tokens proposed, accepted.
+        self.spec_steps = np.zeros(n, dtype=np.int32)
+        self.spec_proposed_tokens = np.zeros(n, dtype=np.int32)
+        self.spec_accepted_tokens = np.zeros(n, dtype=np.int32)
 
     def __len__(self) -> int:
         return len(self.status)
@@ -77,6 +82,10 @@ class RequestRecords:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot_s = np.where(
                 done & (n_out > 1), (self.completion_s - self.first_token_s) / (n_out - 1), np.nan
+            )
+            # Tokens per verification step: each step yields its accepted drafts plus one target token.
+            spec_tokens_per_step = np.where(
+                self.spec_steps > 0, (self.spec_steps + self.spec_accepted_tokens) / self.spec_steps, np.nan
             )
         status = pd.Categorical.from_codes(
             np.clip(self.status.astype(np.int64) - COMPLETED, -1, None),
@@ -101,6 +110,10 @@ class RequestRecords:
                 "preemptions": self.preemptions,
                 "retries": self.retries,
                 "frontend_s": self.frontend_done_s - self.arrival_s,
+                "spec_steps": self.spec_steps,
+                "spec_proposed_tokens": self.spec_proposed_tokens,
+                "spec_accepted_tokens": self.spec_accepted_tokens,
+                "spec_tokens_per_step": spec_tokens_per_step,
             },
             copy=False,
         )

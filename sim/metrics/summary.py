@@ -18,6 +18,7 @@ import pandas as pd
 
 from sim.config import SLOConfig
 from sim.metrics.itl import itl_stats
+from sim.metrics.speculative import spec_stats
 
 if TYPE_CHECKING:
     from sim.hardware.utilization import PassWork
@@ -37,6 +38,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
     "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy", "total_tps",
+    "spec_tokens_per_step", "spec_acceptance", "spec_wasted_frac",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -137,6 +139,7 @@ def summarize_run(
     row["frontend_p50_s"] = _frontend_p50(requests, post_warmup)
     row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
     row |= _utilization_stats(iterations, work, duration_s * workers)
+    row |= spec_stats(requests)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 

@@ -38,7 +38,10 @@ class ChunkedPrefillPolicy(Policy):
 
     def __init__(self, config: ChunkedPrefillPolicyConfig) -> None:
         self.chunk_size = config.chunk_size
-        self.max_running = min(config.max_batch_size, config.chunk_size)
+        # A speculative decode verifies gamma + 1 tokens, and counts them in the budget (as vLLM v1 does).
+        spec = getattr(config, "speculative", None)
+        self.decode_tokens = 1 if spec is None else spec.num_speculative_tokens + 1
+        self.max_running = min(config.max_batch_size, max(1, config.chunk_size // self.decode_tokens))
         # Sarathi-Serve and vLLM v0 chunked prefill reserve the whole prompt at admission; vLLM v1
         # allocates per computed chunk (the engine's allocator does either; the policy only says which).
         self.allocates_whole_prompt = config.allocate == "prompt"
@@ -50,11 +53,11 @@ class ChunkedPrefillPolicy(Policy):
             preempt_until(view, plan, view.kv.try_decode_step)
         decodes = decoders_left(view, plan)
         plan.decode = decodes > 0
-        budget = self._continue_prefills(view, plan, self.chunk_size - decodes)
+        budget = self._continue_prefills(view, plan, self.chunk_size - decodes * self.decode_tokens)
         # A decoder preempted for an older request's chunk gives its budget token back.
         still_decoding = decoders_left(view, plan)
         plan.decode = still_decoding > 0
-        budget += decodes - still_decoding
+        budget += (decodes - still_decoding) * self.decode_tokens
         room = self.max_running - (view.running_count - len(plan.preempt))
         if view.waiting_count and room > 0 and budget > 0:
             keep_free = watermark(view)

@@ -27,6 +27,7 @@ from sim.policies.base import Policy
 from sim.serving.clients import Clients
 from sim.serving.kv_cache import BlockAllocator
 from sim.serving.router import make_router
+from sim.serving.speculative import SpeculativeCostModel, SpeculativeReplicaState, make_speculation
 from sim.serving.state import ReplicaState
 from sim.serving.worker import CostModelLike, Worker
 from sim.workload.stream import RequestStream
@@ -70,6 +71,7 @@ def simulate(
     refuse: np.ndarray | None = None,
     engine_cpu: EngineCPUConfig | None = None,
     frontend: FrontendConfig | None = None,
+    draft_cost_model: CostModelLike | None = None,
 ) -> SimOutput:
     """Simulate serving ``stream`` under one batching policy.
 
@@ -115,6 +117,7 @@ def simulate(
         refuse=refuse,
         frontend=frontend,
         engine_cpu=engine_cpu,
+        draft_cost_model=draft_cost_model,
     )
     return engine.run()
 
@@ -145,6 +148,7 @@ class Engine:
         refuse: np.ndarray | None = None,
         engine_cpu: EngineCPUConfig | None = None,
         frontend: FrontendConfig | None = None,
+        draft_cost_model: CostModelLike | None = None,
     ) -> None:
         _check_sizes(kv_blocks, block_size, replicas, cost_model)
         self.policy: Policy = make_policy(policy)
@@ -156,8 +160,9 @@ class Engine:
         self.itl = ITLRecorder()
         self.kv_blocks = kv_blocks
         reserve = stream.max_output_tokens if self.policy.memory == "reserve" else None
+        state_class, cost_models = _speculative_parts(policy, stream, seed, cost_model, draft_cost_model)
         self.states = [
-            ReplicaState(
+            state_class(
                 i,
                 self.records,
                 stream.prompt_tokens,
@@ -187,7 +192,7 @@ class Engine:
                 self.env,
                 state,
                 self.policy,
-                cost_model,
+                cost_models(state),
                 self.iterations,
                 on_completed=self.clients.completed,
                 on_iteration=self._tick,
@@ -235,6 +240,28 @@ class Engine:
                 raise RuntimeError(
                     f"replica {state.index} still holds requests or KV after the run"
                 )
+
+
+def _speculative_parts(
+    policy: Any, stream: RequestStream, seed: int, cost_model: CostModelLike, draft: CostModelLike | None
+) -> tuple[Callable[..., ReplicaState], Callable[[ReplicaState], CostModelLike]]:
+    """The replica-state class and per-replica cost model: plain ones, or speculative ones when
+    the policy sets ``speculative`` (then a replica's cost adds its drafting)."""
+    config = getattr(policy, "speculative", None)
+    if config is None:
+        return ReplicaState, lambda state: cost_model
+    if config.method == "draft_model" and draft is None:
+        raise UserError("speculative method draft_model needs a draft cost model", field="speculative.draft_model")
+    speculation = make_speculation(config, stream, seed, cost_model, draft)
+
+    def state_class(*args: Any, **kwargs: Any) -> ReplicaState:
+        return SpeculativeReplicaState(*args, speculation=speculation, **kwargs)
+
+    def cost_models(state: ReplicaState) -> CostModelLike:
+        assert isinstance(state, SpeculativeReplicaState)
+        return SpeculativeCostModel(cost_model, state)
+
+    return state_class, cost_models
 
 
 def _check_sizes(kv_blocks: int, block_size: int, replicas: int, cost_model: Any) -> None:

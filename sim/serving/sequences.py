@@ -263,6 +263,24 @@ class DecodeGroup:
                 finished.append(seq)
         return finished
 
+    def credit_extra(self, seq: Seq, tokens: int) -> None:
+        """Give the member ``tokens`` more tokens in the coming step (accepted speculative tokens).
+
+        Call before :meth:`advance`, which adds the step's own token. Its context, residue and
+        finish step shift by ``tokens``; the old finish entry stays in the heap, later than the
+        new one, and is skipped as stale once the member has left.
+        """
+        if tokens <= 0:
+            return
+        self._per_residue[seq.residue] -= 1
+        seq.residue = (seq.residue + tokens) % self.block_size
+        self._per_residue[seq.residue] += 1
+        seq.start_context += tokens
+        seq.finish_step -= tokens
+        self.kv_tokens += tokens
+        self._joins += 1
+        heapq.heappush(self._finish_heap, (seq.finish_step, self._joins, seq))
+
     def remove(self, seq: Seq) -> None:
         """Leave the group (finished, preempted or cancelled)."""
         self.count -= 1
