@@ -11,11 +11,11 @@ from sim.errors import UserError
 
 
 def catalog_lines(what: str) -> list[str]:
-    """Human-readable lines for one catalog: models, gpus, policies, presets, arrivals, lengths or traces."""
+    """Human-readable lines for one catalog of ``sim.cli.CATALOGS``."""
     listers = {
-        "models": _models, "gpus": _gpus, "policies": _policies,
+        "models": _models, "gpus": _gpus, "policies": _policies, "presets": _presets,
         "arrivals": lambda: _union_lines(config.Arrival), "lengths": lambda: _union_lines(config.Length),
-        "traces": _traces, "presets": _presets,
+        "traces": _traces,
     }
     if what not in listers:
         raise UserError(f"list: unknown catalog '{what}'; allowed: {', '.join(listers)}")
@@ -79,9 +79,16 @@ def _presets() -> list[str]:
 
 
 def _traces() -> list[str]:
-    from sim.workload.traces import TRACE_NAMES
+    from sim.workload.traces import TRACE_NAMES, local_trace_path
 
-    return [f"{name:<22} {info}" for name, info in TRACE_NAMES.items()]
+    lines = []
+    for name, info in TRACE_NAMES.items():
+        path = local_trace_path(name)
+        where = f"here: {path}" if path else (
+            f"not here: python -m sim traces fetch {name}" if info.url else "not here: copy it into a trace folder"
+        )
+        lines.append(f"{name:<22} [{where}] {info}")
+    return lines
 
 
 def _union_lines(union: object) -> list[str]:

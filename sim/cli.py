@@ -47,7 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand."""
+    from sim import __version__
+
     parser = argparse.ArgumentParser(prog="python -m sim", description="batchsim: LLM inference batching simulator")
+    parser.add_argument("--version", action="version", version=f"batchsim {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_run(sub)
     _add_validate(sub)
@@ -135,9 +138,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning.message}", file=sys.stderr)
     result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json)
     if not args.quiet:
+        from sim.outputs import deployment_text
+
         facts = result.facts
-        print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {scenario.gpu} "
-              f"x{scenario.tensor_parallel}, cost model {facts['cost_model']}, simulated in {result.runtime_s:.1f}s")
+        where = deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)
+        print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {where}, "
+              f"cost model {facts['cost_model']}, simulated in {result.runtime_s:.1f}s")
         print(summary_text(result.summary))
         print(f"wrote {out_dir}/")
     return 0
@@ -178,9 +184,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+CATALOGS = ("models", "gpus", "policies", "presets", "arrivals", "lengths", "traces")
+"""What ``list`` shows (sim.catalogs renders each; named here so ``--help`` imports nothing heavy)."""
+
+
 def _add_list(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list models, gpus, policies, presets, arrivals, lengths or traces")
-    p.add_argument("what", choices=["models", "gpus", "policies", "presets", "arrivals", "lengths", "traces"])
+    p = sub.add_parser("list", help=f"list one catalog: {', '.join(CATALOGS)}")
+    p.add_argument("what", choices=CATALOGS)
     p.set_defaults(handler=cmd_list)
 
 

@@ -378,11 +378,16 @@ def write_tables(result: RunResult, folder: Path) -> None:
     (folder / RESOLVED_YAML).write_text(resolved_yaml(result))
 
 
+def deployment_text(gpu: str, tensor_parallel: int, replicas: int) -> str:
+    """``a100-80gb, TP 2 x 3 replicas``: the GPUs a scenario runs on, as the run header says it."""
+    return f"{gpu}, TP {tensor_parallel} x {replicas} replica{'s' if replicas != 1 else ''}"
+
+
 def _summary_md(result: RunResult, render: Callable[[pd.DataFrame], str]) -> str:
-    facts = result.facts
-    head = f"# {result.scenario.name}\n\n"
+    facts, scenario = result.facts, result.scenario
+    head = f"# {scenario.name}\n\n"
     head += (f"{facts['requests']} requests, seed {result.seed}, {facts['model_hf_name']} on "
-             f"{result.scenario.gpu} x{result.scenario.tensor_parallel} (replicas: {result.scenario.replicas}), "
+             f"{deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)}, "
              f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
              f"{facts['cost_model']}.\n\n")
     return head + render(result.summary) + "\n"

@@ -139,3 +139,26 @@ def test_validate_schema_and_list(tmp_path: Path, capsys) -> None:
                             ("arrivals", "closed_loop")):
         assert run_cli("list", what) == 0
         assert must_have in capsys.readouterr().out
+
+
+def test_version_and_every_list_topic_in_the_top_level_help(capsys) -> None:
+    from sim import __version__
+    from sim.catalogs import catalog_lines
+    from sim.cli import CATALOGS, build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"batchsim {__version__}"
+    help_text = " ".join(build_parser().format_help().split())
+    for topic in CATALOGS:
+        assert topic in help_text
+        assert catalog_lines(topic)  # every topic the help names has something to show
+
+
+def test_list_traces_says_where_each_trace_is(capsys) -> None:
+    from sim.catalogs import catalog_lines
+    from sim.workload.traces import TRACE_NAMES, local_trace_path
+
+    for name, line in zip(TRACE_NAMES, catalog_lines("traces"), strict=True):
+        path = local_trace_path(name)
+        assert (f"[here: {path}]" in line) if path else ("[not here:" in line)

@@ -141,12 +141,18 @@ def resolve_trace_path(path_or_name: str, base_dir: str | None = None) -> Path:
     )
 
 
+def local_trace_path(name: str) -> Path | None:
+    """Where registered trace ``name`` is on this machine (first search folder holding it), or None."""
+    info = TRACE_NAMES[name]
+    return next((folder / info.file for folder in trace_search_dirs() if (folder / info.file).is_file()), None)
+
+
 def _find_registered(name: str) -> Path:
     info = TRACE_NAMES[name]
+    found = local_trace_path(name)
+    if found is not None:
+        return found
     dirs = trace_search_dirs()
-    for folder in dirs:
-        if (folder / info.file).is_file():
-            return folder / info.file
     how = (
         f"download it with `python -m sim traces fetch {name}`"
         if info.url
