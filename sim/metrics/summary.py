@@ -37,8 +37,15 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
     "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy",
+    "num_gpus", "goodput_per_gpu", "prefill_gpu_busy_frac", "decode_gpu_busy_frac",
+    "kv_transfer_p50_s", "kv_transfer_p99_s",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
+
+DISAGGREGATION_COLUMNS: tuple[str, ...] = (
+    "prefill_gpu_busy_frac", "decode_gpu_busy_frac", "kv_transfer_p50_s", "kv_transfer_p99_s",
+)  # fmt: skip
+"""Columns only a disaggregated deployment's row fills (NaN for colocated policies)."""
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "arrival_s", "output_tokens", "status", "first_scheduled_s", "first_token_s",
@@ -137,6 +144,9 @@ def summarize_run(
     row["frontend_p50_s"] = _frontend_p50(requests, post_warmup)
     row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
     row |= _utilization_stats(iterations, work, duration_s * workers)
+    row["num_gpus"] = num_gpus
+    row["goodput_per_gpu"] = row["goodput_rps"] / num_gpus  # DistServe's per-GPU goodput at this load
+    row |= dict.fromkeys(DISAGGREGATION_COLUMNS, math.nan)  # filled by sim.disaggregation for its row
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 
