@@ -54,7 +54,8 @@ def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> 
     try:
         kv = kv_budget(
             resolved.model, get_gpu(gpu), config.tensor_parallel, gpu_memory_utilization=utilization,
-            block_size=memory.block_size, activation_reserve_gb=memory.activation_reserve_gb, kv_blocks=memory.kv_blocks,
+            block_size=memory.block_size, activation_reserve_gb=memory.activation_reserve_gb,
+            kv_blocks=memory.kv_blocks,
         )  # fmt: skip
         cost = load_cost_model(
             scenario.model, gpu, config.tensor_parallel,

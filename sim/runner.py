@@ -293,7 +293,7 @@ def run(
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any]:
     """The scenario's policy configs named in ``names`` (all when None); UserError for unknown names."""
-    entries = list(scenario.policies)  # a disaggregated deployment is one more row, after the policies
+    entries: list[Any] = list(scenario.policies)  # a disaggregated deployment is one more row, after the policies
     if scenario.disaggregation is not None:
         entries.append(scenario.disaggregation)
     if not names:

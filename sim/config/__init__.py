@@ -113,7 +113,8 @@ class Scenario(StrictModel):
         # Presets fill policy entries before validation, so a preset's values are validated
         # exactly like hand-written ones and the resolved scenario shows them all.
         if isinstance(data, dict) and isinstance(data.get("disaggregation"), dict):
-            data = expand_pool_presets(data, lambda gpu: _deployment_facts(data if gpu is None else {**data, "gpu": gpu}))
+            raw = data
+            data = expand_pool_presets(raw, lambda gpu: _deployment_facts(raw if gpu is None else {**raw, "gpu": gpu}))
         if not isinstance(data, dict) or not isinstance(data.get("policies"), list):
             return data
         if not any(isinstance(p, dict) and "preset" in p for p in data["policies"]):

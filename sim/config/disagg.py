@@ -109,11 +109,12 @@ def expand_pool_presets(data: dict[str, Any], facts_for: Any) -> dict[str, Any]:
         return data
     from sim.presets import expand_preset
 
-    pools = {}
+    pools: dict[str, Any] = {}
     for pool in ("prefill", "decode"):
         entry = block.get(pool)
-        policy = entry.get("policy") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            continue
+        policy = entry.get("policy")
         if isinstance(policy, dict) and "preset" in policy:
-            entry = {**entry, "policy": expand_preset(policy, facts_for(entry.get("gpu")))}
-        pools[pool] = entry
-    return {**data, "disaggregation": {**block, **{k: v for k, v in pools.items() if v is not None}}}
+            pools[pool] = {**entry, "policy": expand_preset(policy, facts_for(entry.get("gpu")))}
+    return {**data, "disaggregation": {**block, **pools}}

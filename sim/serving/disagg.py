@@ -264,17 +264,16 @@ def _max_running(policy: Any) -> int:
 class _DecodeLoad:
     """A decode replica as the router sees it: its own outstanding tokens plus those on their way."""
 
-    __slots__ = ("_state", "_incoming", "_j")
-
     def __init__(self, state: PoolReplicaState, incoming: list[int], j: int) -> None:
         self._state, self._incoming, self._j = state, incoming, j
 
     @property
     def outstanding_tokens(self) -> int:
+        """Tokens still to generate there, counting requests whose KV has not joined yet."""
         return self._state.outstanding_tokens + self._incoming[self._j]
 
 
 def _decode_router(kind: str, states: list[PoolReplicaState], incoming: list[int], seed: int) -> Callable[[], int]:
     # seed + 1: a random router must not pair decode choices with the prefill router's draws.
-    loads = [_DecodeLoad(state, incoming, j) for j, state in enumerate(states)]
+    loads: list[Any] = [_DecodeLoad(state, incoming, j) for j, state in enumerate(states)]
     return make_router(kind, loads, seed + 1)
