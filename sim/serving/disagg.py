@@ -125,11 +125,12 @@ class DisaggEngine:
     def _state(self, index: int, pool: PoolSpec, block_size: int, **hooks: Any) -> PoolReplicaState:
         policy = make_policy(pool.policy)
         reserve = self.stream.max_output_tokens if policy.memory == "reserve" else None
+        # Pools take a (re)prefill's blocks at admission (whole_prompt): KV held for transfers is not
+        # preemptable, so a chunked prefill part-way through must never find its next chunk blocked by it.
         return PoolReplicaState(
             index, self.records, self.stream.prompt_tokens, self.stream.output_tokens,
             BlockAllocator(pool.kv_blocks, block_size), reserve_output_tokens=reserve,
-            holds_slots=policy.holds_slots, whole_prompt=getattr(policy, "allocates_whole_prompt", False),
-            itl=self.itl, **hooks,
+            holds_slots=policy.holds_slots, whole_prompt=True, itl=self.itl, **hooks,
         )  # fmt: skip
 
     def _worker(self, state: PoolReplicaState, pool: PoolSpec, audit_every: int) -> Worker:
@@ -176,7 +177,7 @@ class DisaggEngine:
             if status[rid] != RUNNING:  # abandoned while it waited: its prefill KV is freed now
                 pending.popleft()
                 self._forget(rid, j)
-                self.prefill_states[self.prefill_replica[rid]].release_sent(rid)
+                self._release_prefill(rid)
                 continue
             need = state.transfer_blocks(rid)
             if not self._fits(state, need):
@@ -202,9 +203,14 @@ class DisaggEngine:
         self.env.timeout(wait_s + duration_s).callbacks.append(lambda _event: self._arrive(rid, j))
 
     def _arrive(self, rid: int, j: int) -> None:
-        self.prefill_states[self.prefill_replica[rid]].release_sent(rid)
+        self._release_prefill(rid)
         self._arrived[j].append(rid)
         self.workers[len(self.prefill_states) + j].wake()
+
+    def _release_prefill(self, rid: int) -> None:
+        i = int(self.prefill_replica[rid])
+        self.prefill_states[i].release_sent(rid)
+        self.workers[i].wake()  # an idle prefill replica may now admit the queue's head
 
     def _join_arrived(self, j: int, now_s: float) -> None:
         state, status, first = self.decode_states[j], self.records.status, self.records.first_token_s
