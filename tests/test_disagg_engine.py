@@ -74,7 +74,8 @@ def test_infinitely_fast_link_tpot_is_the_decode_only_step_time() -> None:
     decode_passes = it[it["replica"] == 1]
     assert (decode_passes["prefill_tokens"] == 0).all()
     for row in out.requests.itertuples():
-        mine = decode_passes[(decode_passes["start_s"] >= row.first_token_s) & (decode_passes["start_s"] < row.completion_s)]
+        starts = decode_passes["start_s"]
+        mine = decode_passes[(starts >= row.first_token_s) & (starts < row.completion_s)]
         assert len(mine) == row.output_tokens - 1
         contexts = row.prompt_tokens + np.arange(1, row.output_tokens)
         expected = [cost.time_from_totals_s(0, 0, 0.0, 1, int(c)) for c in contexts]
