@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import LinearCost, make_stream
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config import ChunkedPrefillPolicyConfig, ContinuousPolicyConfig, PagedPolicyConfig
 from sim.serving.disagg import DisaggEngine, PoolSpec
 from sim.serving.kv_link import Link, TransferModel
-from tests.fakes import LinearCost, make_stream
 
 BLOCK = 16
 PREFILL = ChunkedPrefillPolicyConfig(name="p", kind="chunked_prefill", max_batch_size=64, chunk_size=2048)

@@ -111,9 +111,10 @@ def _explanation(table: pd.DataFrame) -> list[str]:
         "runs whole prefills between decode steps, and even chunked prefill (vLLM v1) adds a 2048-token chunk "
         "to every step, so TPOT p99 crosses 20 ms as load grows. The decode pool only decodes, so its TPOT "
         "stays near the decode-only step time until its memory or batch fills, and goodput keeps rising with load.",
-        "- **Loses:** at low load nothing interferes, and the colocated replicas use all their GPUs for both "
-        "phases while the prefill pool idles; with half the GPUs for prefill, TTFT p99 breaks first at high "
-        "load (the prefill pool saturates: see its busy fraction). A fixed split only fits one prompt/output "
+        "- **Loses:** at low load every deployment meets the SLO and goodput is the same; disaggregation then "
+        "only costs TTFT, because a prompt gets the prefill pool's share of the GPUs instead of all of them "
+        "(see ttft_p99_s at 1.5 req/s per GPU). At high load TTFT p99 breaks first (the prefill pool saturates: "
+        "see its busy fraction), so a fixed split fits one prompt/output mix only: "
         "mix: `python -m sim capacity --split-gpus N` searches the ratio.",
     ]
     return lines + _link_lines(table)
