@@ -57,12 +57,20 @@ def _speculative(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> N
     log(f"wrote {out_dir / 'speculative.md'}")
 
 
+def _disaggregation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.report.disaggregation import write_disaggregation_report
+
+    write_disaggregation_report(out_dir, plots=plots)
+    log(f"wrote {out_dir / 'disaggregation.md'}")
+
+
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
     "validation/ (real vLLM runs vs their replay)": _validation,
     "client_advice.{csv,md}": _client_advice,
     "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
     "speculative.md, speculative.png": _speculative,
+    "disaggregation.{md,csv,png} (scenarios/disaggregation/)": _disaggregation,
 }
 """Reports written after the shipped scenarios, in order, by what they write: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sim.checks import check_arrival_span, check_context_window, check_policies_fit, warmup_warning
-from sim.config import Scenario
+from sim.config import DisaggregationConfig, Scenario
 from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
@@ -240,8 +240,16 @@ def _context_window(scenario: Scenario, model: ModelSpec) -> tuple[int, str]:
 
 
 def check_servable(resolved: ResolvedScenario, policies: Sequence[Any]) -> None:
-    """Raise UserError unless every request fits one replica's KV cache under each of ``policies``."""
+    """Raise UserError unless every request fits one replica's KV cache under each of ``policies``
+    (and, with a ``disaggregation`` block, each of its pools)."""
+    block = resolved.scenario.disaggregation
+    if block is not None:
+        from sim.disaggregation import check_deployment
+
+        check_deployment(resolved, block)
     for policy in policies:
+        if isinstance(policy, DisaggregationConfig):
+            continue
         kv = resolved.kv_for(policy)
         check_policies_fit(resolved.stream, [policy], kv.num_blocks, kv.block_size, resolved.over_length)
 
@@ -275,7 +283,7 @@ def run(
     selected = select_policies(scenario, policies)
     resolved = resolve(scenario)
     check_servable(resolved, selected)
-    warn_if_large(resolved, selected, summary_only=summary_only)
+    warn_if_large(resolved, [p for p in selected if not isinstance(p, DisaggregationConfig)], summary_only=summary_only)
     factory = _progress_factory(progress)
     started = time.perf_counter()
     per_policy = {
@@ -297,15 +305,18 @@ def run(
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any]:
     """The scenario's policy configs named in ``names`` (all when None); UserError for unknown names."""
+    entries: list[Any] = list(scenario.policies)  # a disaggregated deployment is one more row, after the policies
+    if scenario.disaggregation is not None:
+        entries.append(scenario.disaggregation)
     if not names:
-        return list(scenario.policies)
-    known = [p.name for p in scenario.policies]
+        return entries
+    known = [p.name for p in entries]
     for name in names:
         if name not in known:
             raise UserError(
                 f"--policy '{name}' is not in the scenario{did_you_mean(name, known)}; policies: {', '.join(known)}"
             )
-    return [p for p in scenario.policies if p.name in names]
+    return [p for p in entries if p.name in names]
 
 
 def _simulate_policy(
@@ -313,6 +324,10 @@ def _simulate_policy(
 ) -> Any:
     callback = factory(policy.name, len(resolved.stream), index=index, count=count) if factory else None
     try:
+        if isinstance(policy, DisaggregationConfig):
+            from sim.disaggregation import simulate_disaggregated
+
+            return simulate_disaggregated(resolved, policy, callback)
         return simulate(resolved.stream, policy, progress=callback, **resolved.engine_kwargs(policy))
     finally:
         close = getattr(callback, "close", None)
@@ -335,6 +350,15 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
     """Summarize one policy's full records, then keep only what the result holds."""
     gc.collect()  # the finished engine's SimPy processes form reference cycles: free them now
     scenario = resolved.scenario
+    block = scenario.disaggregation
+    if block is not None and name == block.name:
+        from sim.disaggregation import condense_disaggregated
+
+        row, requests, iterations, every = condense_disaggregated(resolved, block, out, summary_only=summary_only)
+        metrics = scenario.metrics
+        benchmark = benchmark_record(row, out.requests, out.itl, percentiles=metrics.percentiles,
+                                     warmup_s=metrics.warmup_s)  # fmt: skip
+        return _Kept(row, requests, iterations, every, benchmark)
     row = summarize_run(
         out.requests,
         out.iterations,
@@ -368,6 +392,11 @@ def _assemble(
     requests = _stack({n: k.requests for n, k in per_policy.items()})
     iterations = _stack({n: k.iterations for n, k in per_policy.items()})
     facts = resolved.facts()
+    block = scenario.disaggregation
+    if block is not None and block.name in per_policy:
+        from sim.disaggregation import facts as disaggregation_facts
+
+        facts["disaggregation"] = disaggregation_facts(resolved, block)
     if summary_only:
         facts["summary_only"] = True
     else:

@@ -18,6 +18,8 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from sim.config.base import *  # noqa: F403 - the schema's public names live here, in one namespace
 from sim.config.base import MAX_TOKENS, Float, Int, StrictModel
+from sim.config.disagg import *  # noqa: F403
+from sim.config.disagg import DisaggregationConfig, expand_pool_presets
 from sim.config.policies import *  # noqa: F403
 from sim.config.policies import PolicyConfig
 from sim.config.serving import *  # noqa: F403
@@ -86,6 +88,11 @@ class Scenario(StrictModel):
     gpu_hour_usd: Float | None = Field(
         None, gt=0, le=1e6, description="Price of one GPU-hour, for requests per dollar."
     )
+    disaggregation: DisaggregationConfig | None = Field(
+        None,
+        description="A prefill/decode disaggregated deployment run on the same requests next to the colocated "
+        "policies (which use replicas), as its own row labelled by its name (default: none).",
+    )
 
     # Folder of the scenario file: relative data paths are resolved against it.
     _base_dir: str | None = PrivateAttr(default=None)
@@ -105,6 +112,9 @@ class Scenario(StrictModel):
     def _expand_presets(cls, data: Any) -> Any:
         # Presets fill policy entries before validation, so a preset's values are validated
         # exactly like hand-written ones and the resolved scenario shows them all.
+        if isinstance(data, dict) and isinstance(data.get("disaggregation"), dict):
+            raw = data
+            data = expand_pool_presets(raw, lambda gpu: _deployment_facts(raw if gpu is None else {**raw, "gpu": gpu}))
         if not isinstance(data, dict) or not isinstance(data.get("policies"), list):
             return data
         if not any(isinstance(p, dict) and "preset" in p for p in data["policies"]):
@@ -133,6 +143,13 @@ class Scenario(StrictModel):
         if dupes:
             raise ValueError(f"policy names must be unique; repeated: {', '.join(dupes)}")
         return policies
+
+    @model_validator(mode="after")
+    def _disaggregation_name_free(self) -> Scenario:
+        block = self.disaggregation
+        if block is not None and block.name in {p.name for p in self.policies}:
+            raise ValueError(f"disaggregation.name '{block.name}' is also a policy name; rows need distinct labels")
+        return self
 
     @property
     def base_dir(self) -> str | None:

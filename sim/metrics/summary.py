@@ -39,8 +39,15 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
     "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy", "total_tps",
     "spec_tokens_per_step", "spec_acceptance", "spec_wasted_frac",
+    "num_gpus", "goodput_per_gpu", "prefill_gpu_busy_frac", "decode_gpu_busy_frac",
+    "kv_transfer_p50_s", "kv_transfer_p99_s",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
+
+DISAGGREGATION_COLUMNS: tuple[str, ...] = (
+    "prefill_gpu_busy_frac", "decode_gpu_busy_frac", "kv_transfer_p50_s", "kv_transfer_p99_s",
+)  # fmt: skip
+"""Columns only a disaggregated deployment's row fills (NaN for colocated policies)."""
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "arrival_s", "output_tokens", "status", "first_scheduled_s", "first_token_s",
@@ -140,6 +147,9 @@ def summarize_run(
     row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
     row |= _utilization_stats(iterations, work, duration_s * workers)
     row |= spec_stats(requests)
+    row["num_gpus"] = num_gpus
+    row["goodput_per_gpu"] = row["goodput_rps"] / num_gpus  # DistServe's per-GPU goodput at this load
+    row |= dict.fromkeys(DISAGGREGATION_COLUMNS, math.nan)  # filled by sim.disaggregation for its row
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 
@@ -256,7 +266,9 @@ def _gpu_stats(iterations: pd.DataFrame, duration_s: float, workers: int) -> dic
     # Between iterations a worker holds no running batch, so idle time counts as 0.
     np.multiply(weighted, busy_s, out=weighted)
     weighted[np.isnan(weighted)] = 0.0
-    stats["kv_mean_frac"] = _ratio(float(weighted.sum()), capacity_s)
+    # A time-weighted mean cannot exceed the peak; clip the last-ulp excess summation can leave
+    # (a constant KV fraction over a fully busy run: mean = peak x busy share = peak, up to rounding).
+    stats["kv_mean_frac"] = min(_ratio(float(weighted.sum()), capacity_s), stats["kv_peak_frac"])
     del weighted
     stats["mean_batch_size"] = _nanmean(iterations["batch_size"])
     return stats

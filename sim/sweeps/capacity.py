@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -143,9 +143,12 @@ def find_capacity(
     backend: str = "local",
     address: str | None = None,
     progress: bool = False,
+    only: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """:func:`capacity` with an injectable point function, for tests."""
+    """:func:`capacity` with an injectable point function, for tests; ``only`` limits the rows searched."""
     spec = CapacitySpec.build(scenario, slo, attainment, tolerance, rate_low, rate_high, seeds)
+    if only is not None:
+        spec = replace(spec, only=tuple(only))
     runs = _Runs(spec, point_fn)
     with (
         open_backend(backend, workers, address) as engine,
@@ -166,6 +169,7 @@ class CapacitySpec:
     rate_low: float | None
     rate_high: float | None
     seeds: list[int]
+    only: tuple[str, ...] | None = None
 
     @classmethod
     def build(
@@ -198,8 +202,12 @@ class CapacitySpec:
 
     @property
     def policies(self) -> list[str]:
-        """Every policy of the scenario, in order."""
-        return [p.name for p in self.base.policies]
+        """Every policy of the scenario, in order, then its disaggregated deployment (or ``only``)."""
+        if self.only is not None:
+            return list(self.only)
+        names = [p.name for p in self.base.policies]
+        block = self.base.disaggregation
+        return names + [block.name] if block is not None else names
 
     def criterion(self) -> str:
         """The SLO test in words, for tables."""

@@ -230,6 +230,13 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
         "--rate-high", type=float, default=None, help="a rate expected to fail it (req/s)"
     )
     p.add_argument("--out", default=None, help="output folder (default: results/<name>-capacity/)")
+    p.add_argument(
+        "--split-gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="search the prefill:decode split of N GPUs of the scenario's disaggregation block (writes split.csv/.md)",
+    )
     p.set_defaults(handler=cmd_capacity)
 
 
@@ -257,6 +264,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     scenario, seeds = _load(args)
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
     check_folder(out)  # a search can take minutes: say so before it starts, not after
+    if args.split_gpus is not None:
+        from sim.sweeps.split_cli import run_split_search
+
+        return run_split_search(args, scenario, seeds, out)
     try:
         with sigterm_as_interrupt() as seen:
             report = capacity(

@@ -1,0 +1,285 @@
+"""The disaggregated engine: a prefill pool and a decode pool joined by KV links.
+
+A request is routed to a prefill replica, prefilled there (its first token comes out
+at the end of the pass that computes its last prompt token), then handed to a decode
+replica (chosen by the same router kind over the decode pool). The decode replica
+takes requests in hand-off order: once the request's KV fits (the decode policy's
+batch limit, and vLLM's 1% watermark unless the replica holds nothing), its blocks are
+reserved there and the KV goes over the pair's :class:`~sim.serving.kv_link.Link`. The
+prefill replica holds its blocks until the transfer ends; at the decode replica's next
+pass boundary the request joins the decode group. So outside a transfer a request's KV
+is in exactly one pool. Preempted decode requests recompute on the decode replica and,
+while any waits there, no new transfer is admitted (they go first, as in vLLM).
+
+Each pool's workers are the colocated engine's :class:`~sim.serving.worker.Worker` with
+their own policy and cost model; replica indices are global (prefill 0..P-1, decode
+P..P+D-1) so one iteration table and the clients' bookkeeping serve both pools.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.config import AdmissionConfig, ClientConfig, FrontendConfig
+from sim.metrics.itl import ITLRecorder
+from sim.metrics.records import RUNNING, IterationRecords, RequestRecords
+from sim.policies import make_policy
+from sim.policies.base import VLLM_WATERMARK_FRACTION
+from sim.serving.clients import Clients
+from sim.serving.engine import PROGRESS_EVERY_ITERATIONS, ProgressCallback, SimOutput
+from sim.serving.kv_cache import BlockAllocator
+from sim.serving.kv_link import Link, TransferModel
+from sim.serving.pool_state import PoolReplicaState
+from sim.serving.router import make_router
+from sim.serving.worker import CostModelLike, Worker
+from sim.workload.stream import RequestStream
+
+DISAGG_REQUEST_COLUMNS = ("kv_transfer_s", "kv_wait_s", "prefill_replica")
+"""Request columns a disaggregated run adds at the end: link time (queue + transfer), prefill
+end to joining the decode batch, and the prefill replica (``replica`` is the decode one)."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What the engine needs of one pool.
+
+    Attributes:
+        policy: the pool's policy config.
+        cost_model: prices its passes (without CPU time when the policy has ``engine_cpu``).
+        kv_blocks: KV blocks per replica.
+        replicas: replicas in the pool.
+    """
+
+    policy: Any
+    cost_model: CostModelLike
+    kv_blocks: int
+    replicas: int
+
+
+class DisaggEngine:
+    """One disaggregated run's wiring; ``run()`` may be called once.
+
+    Args:
+        stream: the requests.
+        prefill, decode: the two pools.
+        transfer: duration of a KV transfer.
+        block_size: tokens per KV block (both pools).
+        router: router kind, used in each pool.
+        client, admission, seed, progress, refuse, frontend: as :func:`sim.serving.engine.simulate`.
+        audit_every: check replica invariants every this many passes per replica.
+    """
+
+    def __init__(
+        self,
+        stream: RequestStream,
+        prefill: PoolSpec,
+        decode: PoolSpec,
+        transfer: TransferModel,
+        *,
+        block_size: int,
+        router: str = "round_robin",
+        client: ClientConfig | None = None,
+        admission: AdmissionConfig | None = None,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+        refuse: np.ndarray | None = None,
+        frontend: FrontendConfig | None = None,
+        audit_every: int = 4096,
+    ) -> None:
+        self.stream, self.transfer, self.env = stream, transfer, simpy.Environment()
+        self.records, self.iterations, self.itl = RequestRecords(len(stream)), IterationRecords(), ITLRecorder()
+        self.prefill_spec, self.decode_spec = prefill, decode
+        self.kv_transfer_s = np.full(len(stream), np.nan)
+        self.kv_wait_s = np.full(len(stream), np.nan)
+        self.prefill_replica = np.full(len(stream), -1, dtype=np.int16)
+        self._pass_s = np.zeros(len(stream))  # duration of the pass that finished its prefill
+        p, d = prefill.replicas, decode.replicas
+        self.links = [[Link() for _ in range(d)] for _ in range(p)]
+        self._pending: list[deque[int]] = [deque() for _ in range(d)]
+        self._arrived: list[list[int]] = [[] for _ in range(d)]
+        self._incoming_tokens = [0] * d
+        self.prefill_states = [self._state(i, prefill, block_size, handoff=self._handoff) for i in range(p)]
+        self.decode_states = [
+            self._state(p + j, decode, block_size, on_boundary=self._boundary_of(j)) for j in range(d)
+        ]
+        self._decode_room = _max_running(decode.policy)
+        self._boundary_only = getattr(decode.policy, "num_scheduler_steps", 1) > 1
+        self._route_decode = _decode_router(router, self.decode_states, self._incoming_tokens, seed)
+        states = self.prefill_states + self.decode_states
+        self.clients = Clients(
+            self.env, stream, self.records, states, self._wake, make_router(router, self.prefill_states, seed),
+            client, admission, refuse=refuse, frontend=frontend,
+        )  # fmt: skip
+        self.workers = [self._worker(s, prefill, audit_every) for s in self.prefill_states]
+        self.workers += [self._worker(s, decode, audit_every) for s in self.decode_states]
+        self._progress, self._passes = progress, 0
+
+    # ------------------------------------------------------------------ wiring
+    def _state(self, index: int, pool: PoolSpec, block_size: int, **hooks: Any) -> PoolReplicaState:
+        policy = make_policy(pool.policy)
+        reserve = self.stream.max_output_tokens if policy.memory == "reserve" else None
+        # Pools take a (re)prefill's blocks at admission (whole_prompt): KV held for transfers is not
+        # preemptable, so a chunked prefill part-way through must never find its next chunk blocked by it.
+        return PoolReplicaState(
+            index, self.records, self.stream.prompt_tokens, self.stream.output_tokens,
+            BlockAllocator(pool.kv_blocks, block_size), reserve_output_tokens=reserve,
+            holds_slots=policy.holds_slots, whole_prompt=True, itl=self.itl, **hooks,
+        )  # fmt: skip
+
+    def _worker(self, state: PoolReplicaState, pool: PoolSpec, audit_every: int) -> Worker:
+        return Worker(
+            self.env, state, make_policy(pool.policy), pool.cost_model, self.iterations,
+            on_completed=self.clients.completed, on_iteration=self._tick, audit_every=audit_every,
+            engine_cpu=getattr(pool.policy, "engine_cpu", None),
+        )  # fmt: skip
+
+    def _wake(self, replica: int) -> None:
+        self.workers[replica].wake()
+
+    def _tick(self) -> None:
+        self._passes += 1
+        if self._progress is not None and self._passes % PROGRESS_EVERY_ITERATIONS == 0:
+            self._progress(self.env.now, self.clients.finished)
+
+    # ------------------------------------------------------------------ hand-off and transfer
+    def _handoff(self, rid: int, prefill_index: int, pass_start_s: float, now_s: float) -> None:
+        """A prefill ended: queue the request at a decode replica and try to start its transfer."""
+        self.prefill_replica[rid] = prefill_index
+        self._pass_s[rid] = now_s - pass_start_s
+        j = self._route_decode()
+        self._pending[j].append(rid)
+        self._incoming_tokens[j] += int(self.stream.output_tokens[rid]) - 1
+        if not self._boundary_only:  # between a single pass's allocations, reserving is safe
+            self._admit_transfers(j, now_s)
+        self.workers[len(self.prefill_states) + j].wake()
+
+    def _boundary_of(self, j: int) -> Callable[[float], None]:
+        def boundary(now_s: float) -> None:
+            if self._arrived[j]:
+                self._join_arrived(j, now_s)
+            if self._pending[j]:
+                self._admit_transfers(j, now_s)
+
+        return boundary
+
+    def _admit_transfers(self, j: int, now_s: float) -> None:
+        """Reserve decode blocks and start transfers, hand-off order, while they fit."""
+        state, pending, status = self.decode_states[j], self._pending[j], self.records.status
+        while pending and not state.waiting_count:  # preempted requests recompute first
+            rid = pending[0]
+            if status[rid] != RUNNING:  # abandoned while it waited: its prefill KV is freed now
+                pending.popleft()
+                self._forget(rid, j)
+                self._release_prefill(rid)
+                continue
+            need = state.transfer_blocks(rid)
+            if not self._fits(state, need):
+                return
+            pending.popleft()
+            state.reserve_incoming(rid, need)
+            self._start_transfer(rid, j, now_s)
+
+    def _fits(self, state: PoolReplicaState, need: int) -> bool:
+        holders = state.running_count + len(state.receiving)
+        if holders >= self._decode_room:
+            return False
+        keep = int(VLLM_WATERMARK_FRACTION * state.blocks.total_blocks) if holders else 0
+        return need + keep <= state.blocks.free_blocks
+
+    def _start_transfer(self, rid: int, j: int, now_s: float) -> None:
+        link = self.links[self.prefill_replica[rid]][j]
+        prefill_end_s = float(self.records.first_token_s[rid])
+        at_once = link.free_at_s <= now_s and now_s == prefill_end_s  # layerwise overlap possible
+        duration_s = self.transfer.duration_s(int(self.stream.prompt_tokens[rid]), self._pass_s[rid] if at_once else 0)
+        wait_s = link.book(now_s, duration_s)
+        self.kv_transfer_s[rid] = wait_s + duration_s
+        self.env.timeout(wait_s + duration_s).callbacks.append(lambda _event: self._arrive(rid, j))
+
+    def _arrive(self, rid: int, j: int) -> None:
+        self._release_prefill(rid)
+        self._arrived[j].append(rid)
+        self.workers[len(self.prefill_states) + j].wake()
+
+    def _release_prefill(self, rid: int) -> None:
+        i = int(self.prefill_replica[rid])
+        self.prefill_states[i].release_sent(rid)
+        self.workers[i].wake()  # an idle prefill replica may now admit the queue's head
+
+    def _join_arrived(self, j: int, now_s: float) -> None:
+        state, status, first = self.decode_states[j], self.records.status, self.records.first_token_s
+        for rid in self._arrived[j]:
+            self._forget(rid, j)
+            if status[rid] != RUNNING:  # abandoned during the transfer
+                state.drop_incoming(rid)
+                continue
+            state.join_decoding(rid, float(first[rid]))
+            self.kv_wait_s[rid] = now_s - first[rid]
+        self._arrived[j].clear()
+
+    def _forget(self, rid: int, j: int) -> None:
+        self._incoming_tokens[j] -= int(self.stream.output_tokens[rid]) - 1
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimOutput:
+        """Run until every request has ended; return the records (pool columns added)."""
+        for worker in self.workers:
+            self.env.process(worker.run())
+        self.clients.start()
+        self.env.run()
+        self._check_finished()
+        if self._progress is not None:
+            self._progress(self.env.now, self.clients.finished)
+        requests = self.records.to_frame(self.stream.prompt_tokens, self.stream.output_tokens)
+        requests["kv_transfer_s"] = self.kv_transfer_s
+        requests["kv_wait_s"] = self.kv_wait_s
+        requests["prefill_replica"] = self.prefill_replica
+        return SimOutput(requests, self._iteration_frame(), self.itl.to_frame())
+
+    def _iteration_frame(self) -> pd.DataFrame:
+        frame = self.iterations.to_frame(self.prefill_spec.kv_blocks)
+        decode_rows = frame["replica"].to_numpy() >= len(self.prefill_states)
+        frame.loc[decode_rows, "kv_blocks_total"] = self.decode_spec.kv_blocks
+        return frame
+
+    def _check_finished(self) -> None:
+        unfinished = self.records.unfinished()
+        if len(unfinished) or self.clients.finished != len(self.stream):
+            raise RuntimeError(f"{len(unfinished)} requests never ended (first: {unfinished[:5].tolist()})")
+        if any(self._pending) or any(self._arrived):
+            raise RuntimeError("requests left waiting for a KV transfer after the run")
+        for state in self.prefill_states + self.decode_states:
+            state.audit()
+            if state.running_count or state.blocks.used_blocks or state.sending or state.receiving:
+                raise RuntimeError(f"replica {state.index} still holds requests or KV after the run")
+
+
+def _max_running(policy: Any) -> int:
+    """Most requests a decode replica's policy lets hold a slot."""
+    room = int(policy.max_batch_size)
+    chunk = getattr(policy, "chunk_size", None)
+    return min(room, int(chunk)) if chunk is not None else room
+
+
+class _DecodeLoad:
+    """A decode replica as the router sees it: its own outstanding tokens plus those on their way."""
+
+    def __init__(self, state: PoolReplicaState, incoming: list[int], j: int) -> None:
+        self._state, self._incoming, self._j = state, incoming, j
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Tokens still to generate there, counting requests whose KV has not joined yet."""
+        return self._state.outstanding_tokens + self._incoming[self._j]
+
+
+def _decode_router(kind: str, states: list[PoolReplicaState], incoming: list[int], seed: int) -> Callable[[], int]:
+    # seed + 1: a random router must not pair decode choices with the prefill router's draws.
+    loads: list[Any] = [_DecodeLoad(state, incoming, j) for j, state in enumerate(states)]
+    return make_router(kind, loads, seed + 1)
