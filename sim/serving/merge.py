@@ -44,7 +44,7 @@ def merged_decode_passes(
     env, state, price, record = worker.env, worker.state, worker.price, worker.record
     index, blocks, on_iteration = state.index, state.blocks, worker.on_iteration
     horizon_s = env.peek()  # the next event of anyone else: nothing happens before it but us
-    passes = 1
+    starts, durations = [start_s], [duration_s]
     end_s = start_s + duration_s
     while end_s < horizon_s and state.can_repeat_decode():
         state.end(plan, end_s)  # nothing completes: can_repeat_decode said so
@@ -57,9 +57,12 @@ def merged_decode_passes(
         if not 0.0 <= duration_s < math.inf:
             raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
         worker.scheduler_calls += 1
-        passes += 1
+        starts.append(start_s)
+        durations.append(duration_s)
         end_s = start_s + duration_s
-    yield env.timeout(exact_delay(env.now, end_s))
+    for delay_s in _delays(env.now, starts, durations):
+        worker.pass_events += 1
+        yield env.timeout(delay_s)
     completed = state.end(plan, end_s)
     record(
         index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks,
@@ -68,20 +71,33 @@ def merged_decode_passes(
     if completed:
         worker.on_completed(completed)
     on_iteration()
-    return passes
+    return len(starts)
 
 
-def exact_delay(now_s: float, at_s: float) -> float:
-    """The delay ``d`` with ``now_s + d == at_s`` exactly (``at_s >= now_s >= 0``).
+def _delays(now_s: float, starts: list[float], durations: list[float]) -> list[float]:
+    """Timeouts from ``now_s`` that end exactly where the passes end: one, ``exact_delay`` to
+    the last end, when the float sum can land there; else one to the latest pass start it can
+    land on and then the remaining passes' own durations (exact by construction)."""
+    end_s = starts[-1] + durations[-1]
+    delay_s = exact_delay(now_s, end_s)
+    if delay_s is not None:
+        return [delay_s]
+    for j in range(len(starts) - 1, 0, -1):
+        delay_s = exact_delay(now_s, starts[j])
+        if delay_s is not None:
+            return [delay_s, *durations[j:]]
+    return durations  # starts[0] == now_s
 
-    ``at_s - now_s`` can round either way when ``now_s < at_s / 2``; step it by ulps until
-    the float sum lands on ``at_s`` (the step of ``d`` is at most that of ``at_s``, so it does).
+
+def exact_delay(now_s: float, at_s: float) -> float | None:
+    """The delay ``d`` with ``now_s + d == at_s`` exactly (``at_s >= now_s >= 0``), or None.
+
+    ``at_s - now_s`` can round either way when ``now_s < at_s / 2``; step it by ulps towards
+    ``at_s``. The rounded sum can also jump over ``at_s`` (None then).
     """
     delay = at_s - now_s
     while now_s + delay < at_s:
         delay = math.nextafter(delay, math.inf)
     while now_s + delay > at_s:
         delay = math.nextafter(delay, -math.inf)
-    if now_s + delay != at_s:
-        raise RuntimeError(f"cannot land a timeout from {now_s!r} exactly on {at_s!r}")
-    return delay
+    return delay if now_s + delay == at_s else None

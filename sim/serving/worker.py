@@ -67,6 +67,8 @@ class Worker:
             nothing can fall between them (the policy and state must allow it).
 
     Attributes:
+        pass_events: SimPy timeouts the worker waited on for its passes (one per pass, per
+            multi-step block, or per run of merged decode passes).
         scheduler_calls: scheduling steps: calls of ``policy.schedule`` that started a pass
             (a block of K passes counts once; a plan with nothing to run does not count).
     """
@@ -87,6 +89,7 @@ class Worker:
     ) -> None:
         self.state = state
         self.scheduler_calls = 0
+        self.pass_events = 0
         self._env = env
         self._policy = policy
         self._cost = cost_model.time_from_totals_s
@@ -151,6 +154,7 @@ class Worker:
                 if audit_every and before // audit_every != passes // audit_every:
                     state.audit()
                 continue
+            self.pass_events += 1
             yield env.timeout(duration_s)
             last_end_s = env.now
             completed = state.end(plan, last_end_s)
@@ -196,6 +200,7 @@ class Worker:
             passes.append((end_s, duration_s, totals, state.blocks.used_blocks))
             end_s += duration_s
         env = self._env
+        self.pass_events += 1
         yield env.timeout(delay_until(env.now, end_s))
         completed = state.end_block(env.now)
         record, index = self._iterations.append, state.index
