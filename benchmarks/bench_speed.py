@@ -95,7 +95,8 @@ def main() -> None:
     probe = Engine(make_stream(args.probe, None, 0), POLICIES["continuous"], cost, kv_blocks=kv_blocks, block_size=16)
     rate = args.load * args.probe / probe.run().requests["completion_s"].max()
     stream = make_stream(args.requests, rate, 0)
-    print(f"cost model: {label}; {args.requests:,} requests at {args.load:.0%} of continuous capacity ({rate:.2f} req/s)")
+    load = f"{args.load:.0%} of continuous capacity ({rate:.2f} req/s)"
+    print(f"cost model: {label}; {args.requests:,} requests at {load}")
     floor = simpy_floor()
     print(f"bare SimPy floor: {floor:,.0f} timeouts/s")
     base_s = None
@@ -119,7 +120,8 @@ def main() -> None:
                            "--out", "/tmp/bench_speed_run"])  # fmt: skip
         help_s = process_s(["-m", "sim", "--help"])
         bare_s = process_s(["-c", "pass"])
-        print(f"whole process: 1000-request quickstart run {run_s:.2f} s, --help {help_s:.2f} s, bare python {bare_s:.2f} s")
+        print(f"whole process: 1000-request quickstart run {run_s:.2f} s, --help {help_s:.2f} s, "
+              f"bare python {bare_s:.2f} s")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ def _curves(cost: CostModel) -> list[tuple[PiecewiseLinear, list[float]]]:
         pairs.append((cost._all_reduce, cost._all_reduce_t))
     if cost._cpu is not None:
         pairs.append((cost._cpu, cost._cpu_t))
+    assert len(pairs) >= 3, "the test should cover the CPU-overhead curve too"
     return pairs
 
 

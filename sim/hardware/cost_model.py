@@ -81,8 +81,8 @@ class CostModel:
         )
         self._linear_t = self._linear.table(TABLE_SIZE)
         self._lm_head_t = self._lm_head.table(TABLE_SIZE)
-        self._all_reduce_t = self._all_reduce.table(TABLE_SIZE) if self._all_reduce is not None else None
-        self._cpu_t = self._cpu.table(TABLE_SIZE) if self._cpu is not None else None
+        self._all_reduce_t = self._all_reduce.table(TABLE_SIZE) if self._all_reduce is not None else []
+        self._cpu_t = self._cpu.table(TABLE_SIZE) if self._cpu is not None else []
         dec, pre = calibration["attention"]["decode"], calibration["attention"]["prefill"]
         self._d0, self._d1, self._d2 = (layers * dec[k] * _MS for k in DECODE_TERMS)
         self._p0, self._p1, self._p2, self._p3 = (layers * pre[k] * _MS for k in PREFILL_TERMS)
@@ -129,10 +129,10 @@ class CostModel:
             )
         if num_decode_seqs > 0:
             total += self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
-        if self._all_reduce_t is not None:
-            total += self._all_reduce_t[tokens] if small else self._all_reduce(tokens)
-        if self._cpu_t is not None:
-            total += self._cpu_t[rows] if small else self._cpu(rows)
+        if self._all_reduce is not None:
+            total += self._all_reduce_t[tokens] if small and self._all_reduce_t else self._all_reduce(tokens)
+        if self._cpu is not None:
+            total += self._cpu_t[rows] if small and self._cpu_t else self._cpu(rows)
         return total
 
     def iteration_time_s(
