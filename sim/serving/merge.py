@@ -45,21 +45,26 @@ def merged_decode_passes(
     index, blocks, on_iteration = state.index, state.blocks, worker.on_iteration
     horizon_s = env.peek()  # the next event of anyone else: nothing happens before it but us
     starts, durations = [start_s], [duration_s]
+    decodes, used, kv_tokens = [totals[3]], [used_blocks], [totals[4]]  # rows of the passes ended early
     end_s = start_s + duration_s
     while end_s < horizon_s and state.can_repeat_decode():
-        state.end(plan, end_s)  # nothing completes: can_repeat_decode said so
-        record(index, start_s, duration_s, totals[3], 0, totals[3], used_blocks, 0.0, totals[4], 0)
-        on_iteration()
-        state.now_s = start_s = end_s
-        totals = state.begin(plan, start_s)
-        used_blocks = blocks.used_blocks
+        totals = state.repeat_decode(plan, end_s)  # end this pass (nothing completes), begin the next
         duration_s = price(*totals)
         if not 0.0 <= duration_s < math.inf:
             raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
-        worker.scheduler_calls += 1
-        starts.append(start_s)
+        starts.append(end_s)
         durations.append(duration_s)
-        end_s = start_s + duration_s
+        decodes.append(totals[3])
+        used.append(blocks.used_blocks)
+        kv_tokens.append(totals[4])
+        end_s += duration_s
+    merged = len(starts) - 1
+    if merged:  # before the wait: other replicas' rows may follow during the last pass
+        worker.record_decodes(index, starts[:-1], durations[:-1], decodes[:-1], used[:-1], kv_tokens[:-1])
+        worker.scheduler_calls += merged
+        for _ in range(merged):
+            on_iteration()
+    start_s, duration_s, used_blocks = starts[-1], durations[-1], used[-1]
     for delay_s in _delays(env.now, starts, durations):
         worker.pass_events += 1
         yield env.timeout(delay_s)

@@ -298,6 +298,20 @@ class ReplicaState:
             return False
         return self._reserve is not None or decoders.blocks_needed(1) <= self.blocks.free_blocks
 
+    def repeat_decode(self, plan: IterationPlan, end_s: float) -> CostTotals:
+        """``end(plan, end_s)`` then ``begin(plan, end_s)`` for a pure decode pass that
+        ``can_repeat_decode`` allowed (nothing finishes or is cancelled), in one call."""
+        decoders = self.decoders
+        self.outstanding_tokens -= decoders.count
+        decoders.advance(end_s)
+        if self._reserve is None:
+            self.blocks.allocate(decoders.blocks_needed())
+        self.now_s = end_s
+        self.prefill_context_tokens = 0
+        if plan.charge_idle_slots:
+            return 0, 0, 0.0, decoders.count + self.idle_slots, decoders.kv_tokens + self.idle_slot_kv_tokens
+        return 0, 0, 0.0, decoders.count, decoders.kv_tokens
+
     # ------------------------------------------------------------------ multi-step blocks
     def block_step(self) -> CostTotals:
         """Inside a multi-step block: take the decode step just run, prepare the next one.

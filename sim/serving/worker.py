@@ -103,6 +103,7 @@ class Worker:
         self.price: Callable[..., float] = self._cost if self._cpu is None else self._priced_first
         """GPU (+ engine CPU) time of a pass that is the first of its scheduling step."""
         self.record = iterations.append
+        self.record_decodes = iterations.extend_decode
         self.on_completed = on_completed
         self.on_iteration = on_iteration
         self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode
