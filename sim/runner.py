@@ -79,6 +79,7 @@ class ResolvedScenario:
             "engine_cpu": engine_cpu,
             "frontend": scenario.frontend,
             "draft_cost_model": self.draft_cost_models.get(policy.name),
+            "merge_decode_steps": scenario.engine.merge_decode_steps,
         }
 
     @property

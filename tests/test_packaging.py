@@ -42,6 +42,7 @@ EXTRAS = {name: _declared(reqs) for name, reqs in PYPROJECT["project"]["optional
 def _third_party_imports(folder: Path) -> dict[str, set[str]]:
     """Top-level module name -> files importing it, for absolute imports outside the stdlib."""
     found: dict[str, set[str]] = {}
+    local = {"sim", "fakes"} | {p.stem for p in folder.glob("*.py")}  # sibling modules (bench_engine, ...)
     for path in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names: list[str] = []
@@ -51,7 +52,7 @@ def _third_party_imports(folder: Path) -> dict[str, set[str]]:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in {"sim", "fakes"}:
+                if top not in sys.stdlib_module_names and top not in local:
                     found.setdefault(top, set()).add(str(path.relative_to(REPO)))
     return found
 

@@ -27,6 +27,7 @@ from sim.config.serving import (
     AdmissionConfig,
     ClientConfig,
     CostConfig,
+    EngineConfig,
     FrontendConfig,
     MemoryConfig,
     MetricsConfig,
@@ -85,6 +86,7 @@ class Scenario(StrictModel):
     admission: AdmissionConfig | None = Field(None, description="Queue limit (default: unbounded queue).")
     slo: SLOConfig | None = Field(None, description="Latency targets; adds SLO attainment and goodput columns.")
     metrics: MetricsConfig = Field(default=MetricsConfig(), description="Warm-up and record keeping.")
+    engine: EngineConfig = Field(default=EngineConfig(), description="Simulator speed options (results never change).")
     gpu_hour_usd: Float | None = Field(
         None, gt=0, le=1e6, description="Price of one GPU-hour, for requests per dollar."
     )

@@ -141,3 +141,12 @@ class MetricsConfig(StrictModel):
         return sorted(set(values))
 
 
+class EngineConfig(StrictModel):
+    """How the simulator itself runs (never what it simulates: results are the same either way)."""
+
+    merge_decode_steps: bool = Field(
+        True,
+        description="Merge consecutive pure decode passes into one SimPy event where no arrival, completion, "
+        "preemption, timeout or wake-up can fall between them (one iteration row per pass still); "
+        "false for debugging. Off for speculative decoding and disaggregated pools.",
+    )

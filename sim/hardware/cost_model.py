@@ -8,6 +8,10 @@ batch (one sampled row each). Curves are monotone piecewise-linear in their argu
 and the attention forms have non-negative coefficients, so the time never decreases
 when tokens, context or sequences are added. See :mod:`sim.hardware.fitting` for the
 forms and :func:`load_cost_model` for where the numbers come from.
+
+The token- and row-indexed curves are also tabulated at every integer below
+``TABLE_SIZE`` (:meth:`PiecewiseLinear.table`, bitwise equal to the curve), so the hot
+path indexes a list instead of bisecting; larger counts fall back to the curve.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ COMPONENTS = (
     "cpu_overhead",
 )
 _MS = 1e-3
+TABLE_SIZE = 1 << 15
+"""Integer arguments below this are priced by table lookup (32768 tokens or rows per pass)."""
 
 
 class CostModel:
@@ -73,6 +79,10 @@ class CostModel:
             if cpu_overhead
             else None
         )
+        self._linear_t = self._linear.table(TABLE_SIZE)
+        self._lm_head_t = self._lm_head.table(TABLE_SIZE)
+        self._all_reduce_t = self._all_reduce.table(TABLE_SIZE) if self._all_reduce is not None else []
+        self._cpu_t = self._cpu.table(TABLE_SIZE) if self._cpu is not None else []
         dec, pre = calibration["attention"]["decode"], calibration["attention"]["prefill"]
         self._d0, self._d1, self._d2 = (layers * dec[k] * _MS for k in DECODE_TERMS)
         self._p0, self._p1, self._p2, self._p3 = (layers * pre[k] * _MS for k in PREFILL_TERMS)
@@ -102,8 +112,13 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         rows = num_prefill_seqs + num_decode_seqs
+        # Table lookups (bitwise equal to the curves) for int counts in range; else the curves.
+        small = tokens.__class__ is int and rows.__class__ is int and tokens < TABLE_SIZE and 0 <= rows < TABLE_SIZE
         # Summed in COMPONENTS order so the breakdown adds up to exactly this value.
-        total = self._linear(tokens) + self._lm_head(rows)
+        if small:
+            total = self._linear_t[tokens] + self._lm_head_t[rows]
+        else:
+            total = self._linear(tokens) + self._lm_head(rows)
         if num_prefill_seqs > 0:
             sq_tokens = min(2.0 * prefill_attn_work, float(num_prefill_tokens) * num_prefill_tokens)
             total += (
@@ -115,9 +130,9 @@ class CostModel:
         if num_decode_seqs > 0:
             total += self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
         if self._all_reduce is not None:
-            total += self._all_reduce(tokens)
+            total += self._all_reduce_t[tokens] if small and self._all_reduce_t else self._all_reduce(tokens)
         if self._cpu is not None:
-            total += self._cpu(rows)
+            total += self._cpu_t[rows] if small and self._cpu_t else self._cpu(rows)
         return total
 
     def iteration_time_s(

@@ -125,11 +125,17 @@ class Policy(ABC):
     Class attributes tell the engine the memory discipline the policy assumes:
     ``memory`` is "reserve" (KV for prompt + max output reserved at admission) or
     "paged" (blocks allocated as tokens are computed); ``holds_slots`` keeps finished
-    sequences in the batch, with their KV, until the whole batch is done (static).
+    sequences in the batch, with their KV, until the whole batch is done (static);
+    ``steady_decode`` is the promise described below.
     """
 
     memory: ClassVar[MemoryMode] = "reserve"
     holds_slots: ClassVar[bool] = False
+    steady_decode: ClassVar[bool] = False
+    """A promise that lets the engine merge decode passes: when this policy plans a pure decode
+    pass (decode, no prefill, no preemption, one step), it plans the same pass again as long as
+    no request arrives, leaves, times out or is preempted, the time alone does not matter and
+    free KV blocks only shrink, provided the decode step's blocks fit."""
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> IterationPlan:

@@ -35,6 +35,7 @@ class ChunkedPrefillPolicy(Policy):
     """
 
     memory = "paged"
+    steady_decode = True  # the budget left by the same decodes is the same; fewer free blocks admit no one new
 
     def __init__(self, config: ChunkedPrefillPolicyConfig) -> None:
         self.chunk_size = config.chunk_size

@@ -20,6 +20,7 @@ class ContinuousPolicy(Policy):
     """
 
     memory = "reserve"
+    steady_decode = True  # reserved KV does not change while decoding, so a joiner refused once stays refused
 
     def __init__(self, config: ContinuousPolicyConfig) -> None:
         self.max_batch_size = config.max_batch_size

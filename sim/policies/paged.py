@@ -39,6 +39,7 @@ class PagedPolicy(Policy):
     """
 
     memory = "paged"
+    steady_decode = True  # fewer free blocks cannot let a refused prefill in; a fitting decode step needs no victim
 
     def __init__(self, config: PagedPolicyConfig) -> None:
         self.max_batch_size = config.max_batch_size

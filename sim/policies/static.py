@@ -22,6 +22,7 @@ class StaticPolicy(Policy):
     """
 
     memory = "reserve"
+    steady_decode = True  # a running batch decodes until it is done; nothing joins it
     holds_slots = True
 
     def __init__(self, config: StaticPolicyConfig) -> None:

@@ -72,6 +72,7 @@ def simulate(
     engine_cpu: EngineCPUConfig | None = None,
     frontend: FrontendConfig | None = None,
     draft_cost_model: CostModelLike | None = None,
+    merge_decode_steps: bool = True,
 ) -> SimOutput:
     """Simulate serving ``stream`` under one batching policy.
 
@@ -118,6 +119,7 @@ def simulate(
         frontend=frontend,
         engine_cpu=engine_cpu,
         draft_cost_model=draft_cost_model,
+        merge_decode_steps=merge_decode_steps,
     )
     return engine.run()
 
@@ -149,6 +151,7 @@ class Engine:
         engine_cpu: EngineCPUConfig | None = None,
         frontend: FrontendConfig | None = None,
         draft_cost_model: CostModelLike | None = None,
+        merge_decode_steps: bool = True,
     ) -> None:
         _check_sizes(kv_blocks, block_size, replicas, cost_model)
         self.policy: Policy = make_policy(policy)
@@ -198,6 +201,7 @@ class Engine:
                 on_iteration=self._tick,
                 audit_every=audit_every,
                 engine_cpu=engine_cpu,
+                merge_decode_steps=merge_decode_steps,
             )
             for state in self.states
         ]

@@ -42,6 +42,8 @@ class PoolReplicaState(ReplicaState):
         receiving: request id -> blocks reserved for KV on its way here (decode pool).
     """
 
+    merges_decode = False  # see ReplicaState: boundaries/acceptance make every pass differ
+
     def __init__(
         self,
         *args: Any,

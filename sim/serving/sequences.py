@@ -138,9 +138,16 @@ class DecodeGroup:
         """Blocks holding the member's cached tokens (paged memory), between steps."""
         return -(-(self.context(seq) - 1) // self.block_size)
 
-    def blocks_needed(self) -> int:
-        """New blocks the next step needs under paged memory (one per member at a block edge)."""
-        return self._per_residue[-self.step % self.block_size]
+    def blocks_needed(self, ahead: int = 0) -> int:
+        """New blocks the next step needs under paged memory (one per member at a block edge);
+        with ``ahead`` = k, the step after k more steps, if no member leaves meanwhile."""
+        return self._per_residue[-(self.step + ahead) % self.block_size]
+
+    def finishes_by(self, step: int) -> bool:
+        """Whether a member may have all its tokens by group step ``step`` (stale heap
+        entries count too: a conservative answer)."""
+        heap = self._finish_heap
+        return bool(heap) and heap[0][0] <= step
 
     def crosses_next(self, seq: Seq) -> bool:
         """Whether the member needs a new block in the next step (paged memory)."""

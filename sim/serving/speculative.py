@@ -133,6 +133,8 @@ class SpeculativeReplicaState(ReplicaState):
         pass_extra_s: draft and LM-head time of the pass ``begin`` last prepared.
     """
 
+    merges_decode = False  # see ReplicaState: boundaries/acceptance make every pass differ
+
     def __init__(self, *args: Any, speculation: Speculation, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.speculation = speculation

@@ -17,6 +17,7 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
@@ -35,6 +36,11 @@ _NOTHING: list[Seq] = []  # shared empty result, never appended to
 class ReplicaState:
     """Queue, running batch and KV blocks of one replica.
 
+    Class attribute ``merges_decode``: the worker may merge consecutive pure decode passes
+    of this state into one SimPy event (:meth:`can_repeat_decode`); subclasses whose pass
+    outcome depends on more than the decode group (speculative acceptance, pool hand-offs
+    at every boundary) set it False.
+
     Args:
         index: replica number.
         records: per-request columns shared by all replicas.
@@ -48,6 +54,8 @@ class ReplicaState:
             (Sarathi-Serve, vLLM v0 chunked prefill).
         itl: where inter-token gaps go (shared by the replicas of a run; default: a private one).
     """
+
+    merges_decode: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -277,6 +285,32 @@ class ReplicaState:
         if self.idle_slots and not self.decoders.count and not self._prefilling:
             self._end_static_batch()
         return completed
+
+    def can_repeat_decode(self) -> bool:
+        """Whether the pure decode pass just begun may be ended early and begun once more.
+
+        True when no member gets its last token in it, no cancellation waits for its end,
+        and (paged memory) the following step's new blocks are free, so that a steady
+        policy (``Policy.steady_decode``) would plan the same pass again without preempting.
+        """
+        decoders = self.decoders
+        if self._cancelled or not decoders.count or decoders.finishes_by(decoders.step + 1):
+            return False
+        return self._reserve is not None or decoders.blocks_needed(1) <= self.blocks.free_blocks
+
+    def repeat_decode(self, plan: IterationPlan, end_s: float) -> CostTotals:
+        """``end(plan, end_s)`` then ``begin(plan, end_s)`` for a pure decode pass that
+        ``can_repeat_decode`` allowed (nothing finishes or is cancelled), in one call."""
+        decoders = self.decoders
+        self.outstanding_tokens -= decoders.count
+        decoders.advance(end_s)
+        if self._reserve is None:
+            self.blocks.allocate(decoders.blocks_needed())
+        self.now_s = end_s
+        self.prefill_context_tokens = 0
+        if plan.charge_idle_slots:
+            return 0, 0, 0.0, decoders.count + self.idle_slots, decoders.kv_tokens + self.idle_slot_kv_tokens
+        return 0, 0, 0.0, decoders.count, decoders.kv_tokens
 
     # ------------------------------------------------------------------ multi-step blocks
     def block_step(self) -> CostTotals:

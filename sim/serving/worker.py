@@ -12,6 +12,11 @@ the block starts: the worker prices them all and waits once, for their summed du
 (one SimPy event instead of K), then records one row per pass at its own start time.
 With an ``engine_cpu`` model each pass also pays the engine's CPU time
 (:mod:`sim.serving.cpu_time`).
+
+Decode-step merging (``merge_decode_steps``, on by default): when a steady policy
+(``Policy.steady_decode``) plans a pure decode pass, the following passes are known too
+until something can change them, so the worker ends and begins them at once and waits
+once (:mod:`sim.serving.merge`). Results are identical with merging on and off.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from sim.metrics.records import IterationRecords
 from sim.policies.base import IterationPlan, Policy
 from sim.serving.clock import delay_until
 from sim.serving.cpu_time import EngineCPUTime
+from sim.serving.merge import merged_decode_passes
 from sim.serving.state import CostTotals, ReplicaState
 
 
@@ -57,8 +63,12 @@ class Worker:
         audit_every: check the replica's invariants every this many passes (0: never).
         engine_cpu: add this engine CPU-time model to every pass (None: the cost model's
             time only; give it a cost model without CPU overhead).
+        merge_decode_steps: merge consecutive pure decode passes into one SimPy event where
+            nothing can fall between them (the policy and state must allow it).
 
     Attributes:
+        pass_events: SimPy timeouts the worker waited on for its passes (one per pass, per
+            multi-step block, or per run of merged decode passes).
         scheduler_calls: scheduling steps: calls of ``policy.schedule`` that started a pass
             (a block of K passes counts once; a plan with nothing to run does not count).
     """
@@ -75,9 +85,11 @@ class Worker:
         on_iteration: Callable[[], None],
         audit_every: int = 4096,
         engine_cpu: EngineCPUConfig | None = None,
+        merge_decode_steps: bool = True,
     ) -> None:
         self.state = state
         self.scheduler_calls = 0
+        self.pass_events = 0
         self._env = env
         self._policy = policy
         self._cost = cost_model.time_from_totals_s
@@ -87,6 +99,14 @@ class Worker:
         self._audit_every = audit_every
         self._cpu = EngineCPUTime.from_config(engine_cpu) if engine_cpu is not None else None
         self._wake: simpy.Event | None = None
+        self.env = env
+        self.price: Callable[..., float] = self._cost if self._cpu is None else self._priced_first
+        """GPU (+ engine CPU) time of a pass that is the first of its scheduling step."""
+        self.record = iterations.append
+        self.record_decodes = iterations.extend_decode
+        self.on_completed = on_completed
+        self.on_iteration = on_iteration
+        self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode
 
     def wake(self) -> None:
         """Work arrived: end the worker's idle wait, if it is waiting."""
@@ -98,7 +118,7 @@ class Worker:
         # Everything the loop touches is bound to a local: it runs once per forward pass.
         env, state, schedule = self._env, self.state, self._policy.schedule
         record, index, blocks = self._iterations.append, state.index, state.blocks
-        price = self._cost if self._cpu is None else self._priced_first  # GPU (+ CPU) time of a step's first pass
+        price = self.price
         audit_every, on_iteration, inf = self._audit_every, self._on_iteration, math.inf
         passes, last_end_s = 0, 0.0
         while True:
@@ -128,6 +148,14 @@ class Worker:
                 if audit_every and before // audit_every != passes // audit_every:
                     state.audit()
                 continue
+            if self._merge and not plan.prefill and not plan.preempt and plan.steps == 1:
+                before = passes
+                passes += yield from merged_decode_passes(self, plan, start_s, totals, duration_s, used_blocks)
+                last_end_s = env.now
+                if audit_every and before // audit_every != passes // audit_every:
+                    state.audit()
+                continue
+            self.pass_events += 1
             yield env.timeout(duration_s)
             last_end_s = env.now
             completed = state.end(plan, last_end_s)
@@ -173,6 +201,7 @@ class Worker:
             passes.append((end_s, duration_s, totals, state.blocks.used_blocks))
             end_s += duration_s
         env = self._env
+        self.pass_events += 1
         yield env.timeout(delay_until(env.now, end_s))
         completed = state.end_block(env.now)
         record, index = self._iterations.append, state.index
