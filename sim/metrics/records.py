@@ -21,7 +21,7 @@ FINAL_STATUSES: tuple[str, ...] = ("completed", "timed_out", "rejected")
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id", "replica", "arrival_s", "prompt_tokens", "output_tokens", "status",
     "first_scheduled_s", "first_token_s", "completion_s", "queue_delay_s", "ttft_s", "tpot_s",
-    "e2e_s", "norm_latency_s", "preemptions", "retries", "frontend_s",
+    "e2e_s", "norm_latency_s", "preemptions", "retries", "frontend_s", "cached_prompt_tokens",
 )  # fmt: skip
 """Columns of ``SimOutput.requests``, in order."""
 
@@ -55,6 +55,7 @@ class RequestRecords:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self.retries = np.zeros(n, dtype=np.int32)
         self.generated_tokens = np.zeros(n, dtype=np.int32)
+        self.cached_prompt_tokens = np.zeros(n, dtype=np.int64)  # served from the prefix cache at first admission
 
     def __len__(self) -> int:
         return len(self.status)
@@ -101,6 +102,7 @@ class RequestRecords:
                 "preemptions": self.preemptions,
                 "retries": self.retries,
                 "frontend_s": self.frontend_done_s - self.arrival_s,
+                "cached_prompt_tokens": self.cached_prompt_tokens,
             },
             copy=False,
         )

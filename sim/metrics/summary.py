@@ -37,6 +37,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "slo_attainment", "goodput_rps", "rps_per_gpu", "requests_per_usd",
     "frontend_p50_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
     "mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy",
+    "prefix_hit_rate", "cached_prompt_tokens", "prefill_tokens_computed", "replica_busy_imbalance",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -137,7 +138,29 @@ def summarize_run(
     row["frontend_p50_s"] = _frontend_p50(requests, post_warmup)
     row |= itl_stats(itl["gap_s"], itl["count"]) if itl is not None else itl_stats(np.empty(0), np.empty(0))
     row |= _utilization_stats(iterations, work, duration_s * workers)
+    row |= prefix_stats(requests, iterations)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
+
+
+def prefix_stats(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, float]:
+    """Prefix-cache figures: hit rate H = sum cached / sum prompt tokens of the requests that were
+    scheduled, the cached and the computed prefill tokens, and the busiest replica's busy time
+    over the mean (1 = balanced). NaN where the records lack the columns."""
+    nan = math.nan
+    scheduled = requests["first_scheduled_s"].notna().to_numpy()
+    prompt, cached = (
+        float(requests[c].to_numpy()[scheduled].sum()) if c in requests else nan
+        for c in ("prompt_tokens", "cached_prompt_tokens")
+    )
+    computed = float(iterations["prefill_tokens"].sum()) if "prefill_tokens" in iterations else nan
+    busy = iterations.groupby("replica")["duration_s"].sum() if len(iterations) else pd.Series(dtype=float)
+    imbalance = float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else nan
+    return {
+        "prefix_hit_rate": _ratio(cached, prompt) if prompt == prompt else nan,
+        "cached_prompt_tokens": cached,
+        "prefill_tokens_computed": computed,
+        "replica_busy_imbalance": imbalance,
+    }
 
 
 def _frontend_p50(requests: pd.DataFrame, post_warmup: np.ndarray) -> float:

@@ -26,6 +26,8 @@ from sim.policies import make_policy
 from sim.policies.base import Policy
 from sim.serving.clients import Clients
 from sim.serving.kv_cache import BlockAllocator
+from sim.serving.prefix_cache import PrefixCacheAllocator
+from sim.serving.prefix_state import prefix_state
 from sim.serving.router import make_router
 from sim.serving.state import ReplicaState
 from sim.serving.worker import CostModelLike, Worker
@@ -70,6 +72,8 @@ def simulate(
     refuse: np.ndarray | None = None,
     engine_cpu: EngineCPUConfig | None = None,
     frontend: FrontendConfig | None = None,
+    prefix_caching: bool = False,
+    router_load_cap: float = 1.5,
 ) -> SimOutput:
     """Simulate serving ``stream`` under one batching policy.
 
@@ -92,6 +96,9 @@ def simulate(
         engine_cpu: the engine CPU-time model added to every pass (a policy's
             ``engine_cpu``); then ``cost_model`` should price GPU time only
             (``load_cost_model(..., cpu_overhead=False)``). None: the cost model's time only.
+        prefix_caching: cache and share full prompt blocks (paged-memory policies only; ignored
+            for reserve-memory ones, which never share KV).
+        router_load_cap: the ``prefix_affinity`` router's load cap (a multiple of the mean).
 
     Returns:
         SimOutput with the requests and iterations tables.
@@ -115,6 +122,8 @@ def simulate(
         refuse=refuse,
         frontend=frontend,
         engine_cpu=engine_cpu,
+        prefix_caching=prefix_caching,
+        router_load_cap=router_load_cap,
     )
     return engine.run()
 
@@ -145,6 +154,8 @@ class Engine:
         refuse: np.ndarray | None = None,
         engine_cpu: EngineCPUConfig | None = None,
         frontend: FrontendConfig | None = None,
+        prefix_caching: bool = False,
+        router_load_cap: float = 1.5,
     ) -> None:
         _check_sizes(kv_blocks, block_size, replicas, cost_model)
         self.policy: Policy = make_policy(policy)
@@ -156,13 +167,14 @@ class Engine:
         self.itl = ITLRecorder()
         self.kv_blocks = kv_blocks
         reserve = stream.max_output_tokens if self.policy.memory == "reserve" else None
+        caching = prefix_caching and self.policy.memory == "paged"
         self.states = [
-            ReplicaState(
+            (prefix_state(stream, self.records) if caching else ReplicaState)(
                 i,
                 self.records,
                 stream.prompt_tokens,
                 stream.output_tokens,
-                BlockAllocator(kv_blocks, block_size),
+                (PrefixCacheAllocator if caching else BlockAllocator)(kv_blocks, block_size),
                 reserve_output_tokens=reserve,
                 holds_slots=self.policy.holds_slots,
                 whole_prompt=getattr(self.policy, "allocates_whole_prompt", False),
@@ -176,7 +188,7 @@ class Engine:
             self.records,
             self.states,
             self._wake,
-            make_router(router, self.states, seed),
+            make_router(router, self.states, seed, load_cap=router_load_cap),
             client,
             admission,
             refuse=refuse,
