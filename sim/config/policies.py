@@ -55,9 +55,10 @@ class _PolicyBase(StrictModel):
 
     @model_validator(mode="after")
     def _caching_needs_paged_memory(self) -> Any:
-        if self.prefix_caching and getattr(self, "kind", None) in RESERVE_KINDS:
+        kind = getattr(self, "kind", None)
+        if self.prefix_caching and kind in RESERVE_KINDS:
             raise ValueError(
-                f"prefix_caching = true is not allowed for kind '{self.kind}': it reserves contiguous "
+                f"prefix_caching = true is not allowed for kind '{kind}': it reserves contiguous "
                 "KV per request; allowed for paged and chunked_prefill"
             )
         return self

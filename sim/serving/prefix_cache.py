@@ -106,26 +106,29 @@ class PrefixCacheAllocator(BlockAllocator):
         Raises:
             KVOverflowError: they do not fit even with every cached free block evicted.
         """
-        super().allocate(blocks)
-        excess = self.used_blocks + len(self._lru) - self.total_blocks
+        used = self.used_blocks + blocks
+        if used > self.total_blocks or blocks < 0:
+            super().allocate(blocks)  # raises
+        self.used_blocks = used
+        excess = used + len(self._lru) - self.total_blocks
         if excess > 0:
             lru = self._lru
             for _ in range(excess):
                 lru.popitem(last=False)
             self.evicted_blocks += excess
 
-    def register(self, key: int) -> bool:
-        """A request's own freshly computed block becomes cached under ``key``.
+    def register(self, keys: Sequence[int]) -> list[int]:
+        """A request's own freshly computed blocks become cached under ``keys``.
 
         Returns:
-            True if it is now a cached block with that one holder; False if a block with
-            the same key is already cached (computed concurrently by another request):
-            this copy stays private to its request, as vLLM keeps duplicates uncached.
+            The keys now cached with that request as their one holder. A key already cached
+            (computed concurrently by another request) is left out: that copy stays private
+            to its request, as vLLM keeps duplicates uncached.
         """
-        if key in self._refcount or key in self._lru:
-            return False
-        self._refcount[key] = 1
-        return True
+        refcount, lru = self._refcount, self._lru
+        fresh = [key for key in keys if key not in refcount and key not in lru]
+        refcount.update(dict.fromkeys(fresh, 1))
+        return fresh
 
     def unreference(self, keys: Sequence[int]) -> None:
         """A leaving request drops its references, last block first.

@@ -64,8 +64,10 @@ class PrefixCacheState(ReplicaState):
     # ------------------------------------------------------------------ scheduler view
     def view(self, now_s: float) -> ReplicaState:
         """Prepare a decision: forget the previous plan's lookups and victims."""
-        self._peek.clear()
-        self._victim_refs.clear()
+        if self._peek:
+            self._peek.clear()
+        if self._victim_refs:
+            self._victim_refs.clear()
         return super().view(now_s)
 
     def tokens_to_prefill(self, rid: int) -> int:
@@ -151,11 +153,12 @@ class PrefixCacheState(ReplicaState):
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
         """Register the blocks this pass's prefill pieces completed, then credit the pass."""
-        running = self.running
-        for rid, _ in plan.prefill:
-            seq = running.get(rid)
-            if seq is not None and seq.phase == PREFILL:
-                self._register(rid, seq.computed_tokens)
+        if plan.prefill:
+            running = self.running
+            for rid, _ in plan.prefill:
+                seq = running.get(rid)
+                if seq is not None and seq.phase == PREFILL:
+                    self._register(rid, seq.computed_tokens)
         return super().end(plan, now_s)
 
     def _register(self, rid: int, computed_tokens: int) -> None:
@@ -163,8 +166,7 @@ class PrefixCacheState(ReplicaState):
         stop = min(len(keys), computed_tokens // self.blocks.block_size)
         if stop <= start:
             return
-        refs, register = self._refs[rid], self.blocks.register
-        refs.extend(key for key in keys[start:stop] if register(key))
+        self._refs[rid].extend(self.blocks.register(keys[start:stop]))
         self._registered[rid] = stop
 
     def _remove(self, seq: Seq) -> None:
