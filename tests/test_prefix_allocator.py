@@ -154,5 +154,6 @@ def test_caching_off_and_reserve_policies_are_unchanged() -> None:
     stream = _stream(shared_prefix={"tokens": 400, "fraction": 0.8, "variants": 2})
     for policy in (ContinuousPolicyConfig(name="c", max_batch_size=32), POLICIES[0]):
         plain = Engine(stream, policy, Cost(), kv_blocks=2000, block_size=16).run()
-        other = Engine(stream, policy, Cost(), kv_blocks=2000, block_size=16, prefix_caching=policy.kind == "continuous")
-        assert plain.requests.equals(other.run().requests)
+        caching = policy.kind == "continuous"
+        other = Engine(stream, policy, Cost(), kv_blocks=2000, block_size=16, prefix_caching=caching).run()
+        assert plain.requests.equals(other.requests)
