@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,8 +39,8 @@ def main(requests: int = 100_000, load: float = 0.8) -> None:
     stream = make_stream(requests, rate, 0)
     times = {}
     for caching in (False, True, False, True):  # interleaved: the machine is shared
-        wall = _wall_s(lambda: simulate(stream, policy, cost, kv_blocks=kv_blocks, block_size=16,
-                                        prefix_caching=caching))  # fmt: skip
+        wall = _wall_s(partial(simulate, stream, policy, cost, kv_blocks=kv_blocks, block_size=16,
+                               prefix_caching=caching))  # fmt: skip
         times[caching] = min(times.get(caching, wall), wall)
     print(f"{label}; splitwise {requests:,} requests at {rate:.2f} req/s, paged: caching off {times[False]:.1f} s, "
           f"on {times[True]:.1f} s, on/off {times[True] / times[False]:.3f}")  # fmt: skip

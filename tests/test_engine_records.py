@@ -43,6 +43,7 @@ def test_tables_have_exactly_the_pinned_columns():
             "preemptions",
             "retries",
             "frontend_s",  # added after v0.1 (issue 10): columns are only ever appended
+            "cached_prompt_tokens",  # issue 13: prefix caching
         )
     )
     assert (

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from sim.errors import MissingDataError
 from sim.outputs import atomic_file
@@ -52,10 +54,10 @@ def write_prefix_report(out_dir: Path, plots: bool, log: Callable[[str], None] =
     log(f"wrote {out_dir / 'prefix_caching.md'}")
 
 
-def _run(scenario: object) -> object:
+def _run(scenario: Any) -> Any:
     from sim.runner import run
 
-    return run(scenario)  # type: ignore[arg-type]
+    return run(scenario)
 
 
 def _size_sweep(scenario: object) -> pd.DataFrame:
@@ -116,7 +118,8 @@ def _markdown(summary: pd.DataFrame, runs: dict[str, object], sweep: pd.DataFram
         "",
         _md(_per_replica(runs)),
         "",
-        f"Hit rate against KV blocks per replica (prefix affinity); unbounded-cache reuse bound from the hash ids: {bound:.3f}.",
+        "Hit rate against KV blocks per replica (prefix affinity); unbounded-cache reuse bound from the "
+        f"hash ids: {bound:.3f}.",
         "",
         _md(sweep),
         "",
@@ -135,9 +138,7 @@ def _md(frame: pd.DataFrame) -> str:
     return markdown_table([str(c) for c in frame.columns], rows, numeric)
 
 
-def _figure(sweep: pd.DataFrame, bound: float) -> object:
-    from matplotlib.figure import Figure
-
+def _figure(sweep: pd.DataFrame, bound: float) -> Figure:
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     ax.plot(sweep["kv_blocks"] * 16 / 1000, sweep["prefix_hit_rate"], marker="o", label="measured (LRU)")
