@@ -2,8 +2,9 @@
 
 1. The 100k-request Splitwise workload of ``bench_engine.py`` (Poisson at 80 % of capacity,
    Llama-2-7B / A100-80GB) under paged (vLLM v0) scheduling, caching off and on. Its prompts
-   share nothing, so every block gets a unique key: caching on still hashes, registers, frees
-   and evicts every block, the mechanism's whole cost without any hit.
+   share nothing: requests get keys only when preempted, finished requests' blocks join the
+   LRU as anonymous runs, and the per-pass hooks are the base class's while nothing is keyed
+   (``sim.serving.prefix_state``). Target: on/off <= 1.10.
 2. ``scenarios/prefix/mooncake_conversation.yaml`` (12,031 requests), caching on, wall time.
 """
 

@@ -18,6 +18,11 @@ Counts (the KV invariants the replica state audits):
 
 The allocator still only answers yes/no about room; who holds which keys is told to it
 by the replica state (:mod:`sim.serving.prefix_state`).
+
+Blocks that no later request can ever hit (a finished request's blocks without content
+identity) keep their place in the LRU order, so eviction is unchanged, but as one
+anonymous *run* entry of n blocks instead of n keyed entries (:meth:`cache_anonymous`):
+freeing and evicting them costs O(1) per request rather than O(blocks).
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ class PrefixCacheAllocator(BlockAllocator):
         evicted_blocks: cached free blocks evicted to make room.
     """
 
-    __slots__ = ("_refcount", "_lru", "shared_surplus", "hits_blocks", "evicted_blocks")
+    __slots__ = ("_refcount", "_lru", "_free_cached", "_last_run", "shared_surplus", "hits_blocks", "evicted_blocks")
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         super().__init__(total_blocks, block_size)
         self._refcount: dict[int, int] = {}  # held cached blocks: key -> holders (>= 1)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached free blocks, eviction order first
+        # Cached free blocks, eviction order first: key -> 1, or an anonymous run -> its blocks.
+        self._lru: OrderedDict[object, int] = OrderedDict()
+        self._free_cached = 0  # blocks in _lru (runs count their blocks)
+        self._last_run: _AnonymousRun | None = None  # the newest anonymous run (merged into when last)
         self.shared_surplus = 0
         self.hits_blocks = 0
         self.evicted_blocks = 0
@@ -53,7 +61,7 @@ class PrefixCacheAllocator(BlockAllocator):
     @property
     def cached_free_blocks(self) -> int:
         """Cached blocks no request holds: free, but reusable until evicted."""
-        return len(self._lru)
+        return self._free_cached
 
     @property
     def held_cached_blocks(self) -> int:
@@ -96,6 +104,7 @@ class PrefixCacheAllocator(BlockAllocator):
                 del lru[key]
                 refcount[key] = 1
                 self.used_blocks += 1
+                self._free_cached -= 1
             else:
                 raise KVOverflowError(f"block {key} is not cached")
         self.hits_blocks += len(keys)
@@ -110,12 +119,22 @@ class PrefixCacheAllocator(BlockAllocator):
         if used > self.total_blocks or blocks < 0:
             super().allocate(blocks)  # raises
         self.used_blocks = used
-        excess = used + len(self._lru) - self.total_blocks
+        excess = used + self._free_cached - self.total_blocks
         if excess > 0:
-            lru = self._lru
-            for _ in range(excess):
-                lru.popitem(last=False)
-            self.evicted_blocks += excess
+            self._evict(excess)
+
+    def _evict(self, excess: int) -> None:
+        self._free_cached -= excess
+        self.evicted_blocks += excess
+        lru = self._lru
+        while excess:
+            key = next(iter(lru))
+            blocks = lru[key]
+            if blocks > excess:  # part of an anonymous run: the rest keeps its place
+                lru[key] = blocks - excess
+                return
+            del lru[key]
+            excess -= blocks
 
     def register(self, keys: Sequence[int]) -> list[int]:
         """A request's own freshly computed blocks become cached under ``keys``.
@@ -144,12 +163,36 @@ class PrefixCacheAllocator(BlockAllocator):
                 self.shared_surplus -= 1
             else:
                 del refcount[key]
-                lru[key] = None
+                lru[key] = 1
                 self.used_blocks -= 1
+                self._free_cached += 1
+
+    def cache_anonymous(self, blocks: int) -> None:
+        """A leaving request's ``blocks`` used blocks that nobody can hit join the free list as one run.
+
+        They are evicted in LRU order like keyed blocks (so eviction of the others is the
+        same as if they had been registered under unique keys), but cost O(1).
+        """
+        if blocks > 0:
+            self.used_blocks -= blocks
+            self._free_cached += blocks
+            lru = self._lru
+            if lru and next(reversed(lru)) is self._last_run:
+                lru[self._last_run] += blocks  # adjacent runs merge: still the most recently freed
+            else:
+                self._last_run = _AnonymousRun()
+                lru[self._last_run] = blocks
 
     def check(self) -> None:
         """Assert the allocator's own invariants (called from the replica audit)."""
-        assert self.used_blocks + len(self._lru) <= self.total_blocks, "KV used + cached free > capacity"
+        assert self.used_blocks + self._free_cached <= self.total_blocks, "KV used + cached free > capacity"
+        assert self._free_cached == sum(self._lru.values()), "cached free count drifted"
         assert len(self._refcount) <= self.used_blocks, "more held cached blocks than used blocks"
         assert self.shared_surplus == sum(self._refcount.values()) - len(self._refcount), "shared surplus drifted"
         assert not any(key in self._lru for key in self._refcount), "a held block is on the free list"
+
+
+class _AnonymousRun:
+    """Key of an anonymous run in the free list: equal only to itself, never to a block key."""
+
+    __slots__ = ()

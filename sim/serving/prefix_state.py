@@ -19,6 +19,18 @@ only) with three rules, vLLM v1's automatic prefix caching:
 Preemption planning stays exact: the ledger asks ``held_blocks`` for each victim, and the
 state answers with the blocks that really become free (those no other holder keeps),
 remembering the victims so that a joiner's hit on a victim's block is charged a block.
+
+**Requests without content identity** (a stream with no ``content``: no trace hash ids,
+shared prefix or sessions) can only ever hit their own blocks, and only after a
+preemption (the recompute re-reads its prompt, as vLLM v1 finds its own freed blocks if
+they were not evicted). So until a request is preempted it gets no keys at all: nothing
+is looked up, registered or reference counted for it. When it leaves, what it would
+have registered (its computed full prompt blocks) goes to the free list as it would
+have: a completed request's as one anonymous LRU run (nobody can hit them, but they
+still take their place in eviction order), a preempted one's under its unique keys
+(:func:`~sim.workload.content.unique_block_keys`), tail first, so its re-admission hits
+them exactly as before; from then on it is keyed like any request. Results are the same
+as keying every block; the per-pass hooks are O(1) while nothing is keyed.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from bisect import bisect_left
 from functools import partial
 from typing import Any
 
-from sim.metrics.records import COMPLETED
+from sim.metrics.records import COMPLETED, RUNNING, WAITING
 from sim.policies.base import IterationPlan
 from sim.serving.prefix_cache import PrefixCacheAllocator
 from sim.serving.sequences import PREFILL, Seq
@@ -60,6 +72,42 @@ class PrefixCacheState(ReplicaState):
         self._registered: dict[int, int] = {}  # running request -> blocks considered for registration
         self._peek: dict[int, tuple[list[int], int, int]] = {}  # this plan: rid -> (keys, hits, blocks hits take)
         self._victim_refs: dict[int, int] = {}  # this plan's victims: key -> victims holding it
+        self._anonymous = content is None  # requests are unkeyed until preempted (module docstring)
+        self._preemptions = self._records.preemptions
+        self._keyed_pending = 0  # with no content: preempted requests not yet gone for good
+        self._unkeyed_mode(self._anonymous)
+
+    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks")  # per-pass hooks
+    _UNKEYED_FAST_PAGED = ("admission_blocks", "_prepare_prefills")  # also, unless the whole prompt is allocated
+
+    def _unkeyed_mode(self, on: bool) -> None:
+        """While no request here is keyed, the base class's per-pass methods serve directly.
+
+        Instance attributes shadow the overrides, so a run without content identity pays
+        nothing per pass; the overrides return with the first preemption (the victim gets
+        keys) and leave again once every preempted request has completed or gone.
+        """
+        names = self._UNKEYED_FAST + (() if self._whole else self._UNKEYED_FAST_PAGED)
+        if on:  # the skipped view() no longer forgets the last plan's lookups
+            self._peek.clear()
+            self._victim_refs.clear()
+        for name in names:
+            if on:
+                setattr(self, name, getattr(super(), name))
+            else:
+                self.__dict__.pop(name, None)
+
+    def abandon(self, rid: int, now_s: float) -> None:
+        """As the base; a queued keyed request that times out no longer keeps the overrides on."""
+        queued_keyed = self._anonymous and self._records.status[rid] == WAITING and self._preemptions[rid]
+        super().abandon(rid, now_s)
+        if queued_keyed:
+            self._keyed_gone()
+
+    def _keyed_gone(self) -> None:
+        self._keyed_pending -= 1
+        if not self._keyed_pending:
+            self._unkeyed_mode(True)
 
     # ------------------------------------------------------------------ scheduler view
     def view(self, now_s: float) -> ReplicaState:
@@ -72,12 +120,14 @@ class PrefixCacheState(ReplicaState):
 
     def tokens_to_prefill(self, rid: int) -> int:
         """As the base, less the cached prefix a queued request would start with."""
-        if rid in self.running:
+        if rid in self.running or (self._anonymous and not self._preemptions[rid]):
             return super().tokens_to_prefill(rid)
         return super().tokens_to_prefill(rid) - self._lookup(rid)[1] * self.blocks.block_size
 
     def cached_prefix_blocks(self, rid: int) -> int:
         """Leading blocks of ``rid``'s prompt cached here now (what a cache-aware router asks)."""
+        if self._anonymous and not self._preemptions[rid]:
+            return 0
         keys = self.request_keys(rid)
         return self.blocks.match(keys, self._hit_limit(rid, len(keys)))
 
@@ -91,9 +141,11 @@ class PrefixCacheState(ReplicaState):
 
     def held_blocks(self, rid: int) -> int:
         """Blocks that become free if ``rid`` is preempted (asked by the ledger for each victim)."""
-        refs = self._refs.get(rid, ())
-        blocks, victims = self.blocks, self._victim_refs
         self._peek.clear()  # a joiner looked up before this victim would miscount its hits
+        refs = self._refs.get(rid)
+        if not refs:  # nothing shared (an unkeyed request's blocks are all its own)
+            return super().held_blocks(rid)
+        blocks, victims = self.blocks, self._victim_refs
         kept = 0
         for key in refs:
             held_elsewhere = blocks.holders(key) - victims.get(key, 0) > 1
@@ -117,6 +169,8 @@ class PrefixCacheState(ReplicaState):
 
     def _lookup(self, rid: int) -> tuple[list[int], int, int]:
         """(keys, cached leading blocks, of those the ones that take a free block) for a queued rid."""
+        if self._anonymous and not self._preemptions[rid]:
+            return _NO_HITS
         found = self._peek.get(rid)
         if found is None:
             keys = self.request_keys(rid)
@@ -134,8 +188,16 @@ class PrefixCacheState(ReplicaState):
                 self._admit(rid, now_s)
 
     def _admit(self, rid: int, now_s: float) -> Seq:
-        keys, hits, _ = self._lookup(rid)
+        found = self._lookup(rid)
         seq = super()._admit(rid, now_s)
+        if found is _NO_HITS:  # unkeyed: nothing cached, nothing to track
+            self._cached_tokens[rid] = 0
+            if self._whole:
+                grow = self.blocks.blocks_for(seq.target_tokens)
+                self.blocks.allocate(grow)
+                seq.blocks = grow
+            return seq
+        keys, hits, _ = found
         hit_keys = keys[:hits]
         self.blocks.acquire(hit_keys)
         self._keys[rid], self._refs[rid], self._registered[rid] = keys, hit_keys, hits
@@ -153,11 +215,11 @@ class PrefixCacheState(ReplicaState):
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
         """Register the blocks this pass's prefill pieces completed, then credit the pass."""
-        if plan.prefill:
-            running = self.running
+        if plan.prefill and self._keys:
+            running, keyed = self.running, self._keys
             for rid, _ in plan.prefill:
                 seq = running.get(rid)
-                if seq is not None and seq.phase == PREFILL:
+                if seq is not None and seq.phase == PREFILL and rid in keyed:
                     self._register(rid, seq.computed_tokens)
         return super().end(plan, now_s)
 
@@ -172,6 +234,9 @@ class PrefixCacheState(ReplicaState):
     def _remove(self, seq: Seq) -> None:
         """Take a sequence out and drop its references (a completed one first caches its answer)."""
         rid = seq.rid
+        if rid not in self._keys:
+            self._remove_unkeyed(seq)
+            return
         if self._records.status[rid] == COMPLETED:
             self._register(rid, seq.prompt_tokens + seq.output_tokens - 1)
         held = self._held(seq)
@@ -179,8 +244,32 @@ class PrefixCacheState(ReplicaState):
         del self._keys[rid], self._registered[rid]
         self.blocks.unreference(refs)
         self.blocks.release(held - len(refs))
+        self._forget(seq)
+        if self._anonymous and self._records.status[rid] != RUNNING:  # completed or cancelled: gone
+            self._keyed_gone()
+
+    def _remove_unkeyed(self, seq: Seq) -> None:
+        """Free an unkeyed request's blocks as if its computed full prompt blocks had been registered."""
+        rid, size = seq.rid, self.blocks.block_size
+        full = seq.prompt_tokens // size
+        registered = min(full, seq.computed_tokens // size) if seq.phase == PREFILL else full
+        held = self._held(seq)
+        if self._records.status[rid] == COMPLETED:
+            registered = max(registered, min(full, (seq.prompt_tokens + seq.output_tokens - 1) // size))
+            self.blocks.cache_anonymous(registered)  # nobody can hit them: one LRU run
+        else:  # preempted (or cancelled): its re-admission may hit them, so they get their keys
+            keys = unique_block_keys(rid, seq.prompt_tokens, size)[:registered]
+            self.blocks.unreference(self.blocks.register(keys))
+            if self._records.status[rid] == RUNNING:  # preempted: it comes back keyed
+                self._keyed_pending += 1
+                if self._keyed_pending == 1:
+                    self._unkeyed_mode(False)
+        self.blocks.release(held - registered)
+        self._forget(seq)
+
+    def _forget(self, seq: Seq) -> None:
         self._leave_phase(seq)
-        del self.running[rid]
+        del self.running[seq.rid]
         del self._order[bisect_left(self._order, seq.key)]
 
     def audit(self, max_queue_recount: int = 4096) -> None:
@@ -193,6 +282,9 @@ class PrefixCacheState(ReplicaState):
                 holders[key] = holders.get(key, 0) + 1
         assert all(self.blocks.holders(k) == n for k, n in holders.items()), "reference counts drifted"
         assert len(holders) == self.blocks.held_cached_blocks, "a cached block is held by no running request"
+
+
+_NO_HITS: tuple[list[int], int, int] = ([], 0, 0)  # the lookup of an unkeyed request
 
 
 def prefix_state(stream: Any, records: Any) -> Any:

@@ -14,9 +14,10 @@ names the prefix before it, the pair names the block's whole prefix: exactly vLL
 covers 32 engine blocks with distinct keys. Only blocks that end inside the content are
 keyed; a prompt's last partial block never is (vLLM caches full blocks only).
 
-Requests without content identity (``ids`` of None) get keys no other request has
-(negative numbers), so a run with caching on still hashes, registers and evicts every
-block: the cost of the mechanism without any sharing.
+Requests without content identity (a stream without ``content``) need keys only once they
+are preempted (their recompute can hit their own freed blocks): then they get keys no
+other request has (negative numbers, :func:`unique_block_keys`); see
+:mod:`sim.serving.prefix_state`.
 """
 
 from __future__ import annotations
