@@ -182,20 +182,26 @@ class PrefixCacheState(ReplicaState):
 
     # ------------------------------------------------------------------ engine API
     def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:
-        """Admit this pass's joiners before anything is allocated, so no allocation evicts their hits."""
-        for rid, _ in pieces:
-            if rid not in self.running:
-                self._admit(rid, now_s)
+        """Admit this pass's joiners before anything is allocated, so no allocation evicts their hits.
+
+        Every joiner first takes its references (its hit blocks leave the free list), and only
+        then are the whole-prompt grants allocated: one joiner's grant evicting the cached
+        blocks the next joiner matched at planning would leave that joiner a hit on nothing.
+        """
+        running = self.running
+        joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
+        if self._whole:
+            blocks = self.blocks
+            for seq in joiners:
+                grow = blocks.blocks_for(seq.target_tokens) - seq.blocks
+                blocks.allocate(grow)
+                seq.blocks += grow
 
     def _admit(self, rid: int, now_s: float) -> Seq:
         found = self._lookup(rid)
         seq = super()._admit(rid, now_s)
         if found is _NO_HITS:  # unkeyed: nothing cached, nothing to track
             self._cached_tokens[rid] = 0
-            if self._whole:
-                grow = self.blocks.blocks_for(seq.target_tokens)
-                self.blocks.allocate(grow)
-                seq.blocks = grow
             return seq
         keys, hits, _ = found
         hit_keys = keys[:hits]
@@ -207,11 +213,7 @@ class PrefixCacheState(ReplicaState):
         self.outstanding_tokens -= cached
         if self._records.preemptions[rid] == 0:
             self._cached_tokens[rid] = cached
-        if self._whole:
-            grow = self.blocks.blocks_for(seq.target_tokens) - hits
-            self.blocks.allocate(grow)
-            seq.blocks += grow
-        return seq
+        return seq  # a whole-prompt grant is allocated by _prepare_prefills, after every joiner's hits
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
         """Register the blocks this pass's prefill pieces completed, then credit the pass."""
