@@ -220,7 +220,9 @@ class ReplicaState:
         if plan.decode:
             decoders = self.decoders
             if self._reserve is None:
-                self.blocks.allocate(decoders.blocks_needed())
+                needed = decoders.blocks_needed()
+                if needed:  # most decode steps cross no block boundary
+                    self.blocks.allocate(needed)
             decodes, kv_tokens = decoders.count, decoders.kv_tokens  # admissions below do not decode yet
         else:
             decodes = kv_tokens = 0
@@ -298,7 +300,9 @@ class ReplicaState:
         self._block_tokens += decoders.count
         for seq in decoders.advance():
             self._park(seq)
-        self.blocks.allocate(decoders.blocks_needed())
+        needed = decoders.blocks_needed()
+        if needed:
+            self.blocks.allocate(needed)
         seqs = decoders.count + self.idle_slots
         return 0, 0, 0.0, seqs, decoders.kv_tokens + self.idle_slot_kv_tokens
 
