@@ -64,6 +64,12 @@ def _disaggregation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -
     log(f"wrote {out_dir / 'disaggregation.md'}")
 
 
+def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.report.prefix_caching import write_prefix_report
+
+    write_prefix_report(out_dir, plots=plots)  # logs one line and skips when the Mooncake trace is absent
+
+
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
     "validation/ (real vLLM runs vs their replay)": _validation,
@@ -71,6 +77,7 @@ EXTRA_REPORTS: dict[str, ExtraReport] = {
     "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
     "speculative.md, speculative.png": _speculative,
     "disaggregation.{md,csv,png} (scenarios/disaggregation/)": _disaggregation,
+    "prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)": _prefix_caching,
 }
 """Reports written after the shipped scenarios, in order, by what they write: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the

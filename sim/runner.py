@@ -20,6 +20,7 @@ import pandas as pd
 
 from sim.checks import check_arrival_span, check_context_window, check_policies_fit, warmup_warning
 from sim.config import DisaggregationConfig, Scenario
+from sim.config.policies import RESERVE_KINDS
 from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
@@ -80,6 +81,8 @@ class ResolvedScenario:
             "frontend": scenario.frontend,
             "draft_cost_model": self.draft_cost_models.get(policy.name),
             "merge_decode_steps": scenario.engine.merge_decode_steps,
+            "prefix_caching": prefix_caching_on(scenario, policy),
+            "router_load_cap": scenario.router_load_cap,
         }
 
     @property
@@ -170,6 +173,13 @@ class RunResult:
         title += f"cost model: {self.facts.get('cost_model')}"
         table = self.summary[[c for c in shown if c in self.summary]].to_html(index=False, float_format="%.4g")
         return f"<div>{title}{table}</div>"
+
+
+def prefix_caching_on(scenario: Scenario, policy: Any) -> bool:
+    """Whether ``policy`` runs with prefix caching: its own setting, else memory.prefix_caching,
+    and never for reserve-memory kinds (static, continuous)."""
+    own = getattr(policy, "prefix_caching", None)
+    return bool(scenario.memory.prefix_caching if own is None else own) and policy.kind not in RESERVE_KINDS
 
 
 def resolve(scenario: Scenario) -> ResolvedScenario:

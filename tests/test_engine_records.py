@@ -47,6 +47,7 @@ def test_tables_have_exactly_the_pinned_columns():
             "spec_proposed_tokens",
             "spec_accepted_tokens",
             "spec_tokens_per_step",
+            "cached_prompt_tokens",  # issue 13: prefix caching
         )
     )
     assert (

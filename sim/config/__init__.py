@@ -72,8 +72,17 @@ class Scenario(StrictModel):
         description="A request longer than max_model_len: 'error' stops before simulating (the scenario "
         "is not servable as given); 'reject' counts it as rejected when sent, as a server answers HTTP 400.",
     )
-    router: Literal["round_robin", "least_outstanding", "random"] = Field(
-        "round_robin", description="How requests are spread over replicas."
+    router: Literal["round_robin", "least_outstanding", "random", "prefix_affinity"] = Field(
+        "round_robin",
+        description="How requests are spread over replicas ('prefix_affinity': the replica caching the longest "
+        "prefix of the prompt, within router_load_cap).",
+    )
+    router_load_cap: Float = Field(
+        1.5,
+        ge=1,
+        le=1000,
+        description="prefix_affinity: a replica with more than this multiple of the mean outstanding tokens (plus "
+        "one request) is passed over for affinity, so one hot prefix cannot overload one replica.",
     )
     memory: MemoryConfig = Field(default=MemoryConfig(), description="KV-cache budget.")
     cost: CostConfig = Field(default=CostConfig(), description="Cost model options.")

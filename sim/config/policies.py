@@ -125,6 +125,26 @@ class _PolicyBase(StrictModel):
         None,
         description="Engine CPU-time model of this policy (default: cost.cpu_overhead, Vidur's per-pass profile).",
     )
+    prefix_caching: bool | None = Field(
+        None,
+        description="Prefix caching for this policy (default: memory.prefix_caching); static and continuous "
+        "reserve contiguous KV per request and never share it, so for them it must stay off.",
+    )
+
+
+    @model_validator(mode="after")
+    def _caching_needs_paged_memory(self) -> Any:
+        kind = getattr(self, "kind", None)
+        if self.prefix_caching and kind in RESERVE_KINDS:
+            raise ValueError(
+                f"prefix_caching = true is not allowed for kind '{kind}': it reserves contiguous "
+                "KV per request; allowed for paged and chunked_prefill"
+            )
+        return self
+
+
+RESERVE_KINDS = ("static", "continuous")
+"""Policy kinds that reserve KV per request and so never use prefix caching."""
 
 
 class StaticPolicyConfig(_PolicyBase):

@@ -29,6 +29,12 @@ class MemoryConfig(StrictModel):
         description="Pin the KV capacity in blocks per GPU worker (as vLLM logs '# GPU blocks'); "
         "overrides the estimate.",
     )
+    prefix_caching: bool = Field(
+        False,
+        description="Automatic prefix caching (vLLM APC): full prompt blocks already in the KV cache are reused, "
+        "not recomputed; finished requests' blocks stay cached until evicted (LRU). Paged and chunked_prefill "
+        "policies only (a policy's own prefix_caching wins).",
+    )
 
 
 class FrontendConfig(StrictModel):

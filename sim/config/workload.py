@@ -76,6 +76,19 @@ class TraceArrival(StrictModel):
         1.0, ge=1e-6, le=1e6, description="Multiply trace inter-arrival times by this (0.5 = twice the load)."
     )
     limit: Int | None = Field(None, ge=1, description="Use at most this many trace rows (from the start).")
+    format: Literal["csv", "mooncake"] = Field(
+        "csv",
+        description="'csv': batchsim/Splitwise columns; 'mooncake': Mooncake FAST'25 JSONL (timestamp ms, "
+        "input_length, output_length, hash_ids of 512-token blocks), which also gives prompt content identity "
+        "for prefix caching.",
+    )
+    max_prompt_tokens: Int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Mooncake traces: keep only the first this many tokens of each prompt (and their leading "
+        "hash ids), to fit a shorter context window (default: no clipping).",
+    )
 
 
 class SchedulePhase(StrictModel):
@@ -190,6 +203,29 @@ Length = Annotated[
 ]
 
 
+class SharedPrefix(StrictModel):
+    """A shared system prompt: a fraction of requests start with one of a few identical prefixes."""
+
+    tokens: Int = Field(ge=1, le=MAX_TOKENS, description="Prefix length in tokens, added before the drawn prompt.")
+    fraction: Float = Field(ge=0, le=1, description="Share of requests that carry a prefix (drawn per request).")
+    variants: Int = Field(
+        1, ge=1, le=1_000_000, description="Distinct prefixes; each prefixed request picks one uniformly."
+    )
+
+
+class Sessions(StrictModel):
+    """Multi-turn conversations: turn k's prompt is the whole conversation so far plus a new user message."""
+
+    turns: Length = Field(description="Turns per session (a length distribution over whole numbers >= 1).")
+    think_time_s: Float = Field(
+        0.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="Mean think time between a turn's answer and the next turn (exponential; 0 = none); "
+        "each session is a closed loop, its first turn sent at the arrival process's times.",
+    )
+
+
 class Workload(StrictModel):
     """The request stream: how many, when they arrive, how long they are."""
 
@@ -210,6 +246,14 @@ class Workload(StrictModel):
         description="The max_tokens every client sends; outputs are clipped to it and static/continuous reserve "
         "prompt + max_output_tokens of KV per request (default: the output distribution's upper bound).",
     )
+    shared_prefix: SharedPrefix | None = Field(
+        None, description="A shared system prompt before the drawn prompts (default: none; prompts share nothing)."
+    )
+    sessions: Sessions | None = Field(
+        None,
+        description="Multi-turn sessions: prompt_tokens draws each new user message; arrivals start sessions "
+        "(default: independent requests).",
+    )
     order: Literal["arrival", "prompt_ascending", "prompt_descending"] = Field(
         "arrival",
         description="Send order of the requests: 'arrival' as drawn; 'prompt_ascending'/'prompt_descending' "
@@ -227,6 +271,14 @@ class Workload(StrictModel):
                 f"(~{RECORD_BYTES_PER_REQUEST} bytes each); at most {MAX_REQUESTS:,} are allowed"
             )
         return requests
+
+    @model_validator(mode="after")
+    def _content_fits(self) -> Workload:
+        if self.arrival.kind == "trace" and (self.shared_prefix or self.sessions):
+            raise ValueError("shared_prefix and sessions generate synthetic requests; a trace arrival cannot use them")
+        if self.sessions is not None and (self.order != "arrival" or self.arrival.kind == "closed_loop"):
+            raise ValueError("sessions need order: arrival and an open-loop arrival kind (sessions are closed loops)")
+        return self
 
     @model_validator(mode="after")
     def _lengths_given(self) -> Workload:

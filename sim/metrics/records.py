@@ -23,6 +23,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "first_scheduled_s", "first_token_s", "completion_s", "queue_delay_s", "ttft_s", "tpot_s",
     "e2e_s", "norm_latency_s", "preemptions", "retries", "frontend_s",
     "spec_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_tokens_per_step",
+    "cached_prompt_tokens",
 )  # fmt: skip
 """Columns of ``SimOutput.requests``, in order."""
 
@@ -60,6 +61,7 @@ class RequestRecords:
         self.spec_steps = np.zeros(n, dtype=np.int32)
         self.spec_proposed_tokens = np.zeros(n, dtype=np.int32)
         self.spec_accepted_tokens = np.zeros(n, dtype=np.int32)
+        self.cached_prompt_tokens = np.zeros(n, dtype=np.int64)  # served from the prefix cache at first admission
 
     def __len__(self) -> int:
         return len(self.status)
@@ -114,6 +116,7 @@ class RequestRecords:
                 "spec_proposed_tokens": self.spec_proposed_tokens,
                 "spec_accepted_tokens": self.spec_accepted_tokens,
                 "spec_tokens_per_step": spec_tokens_per_step,
+                "cached_prompt_tokens": self.cached_prompt_tokens,
             },
             copy=False,
         )

@@ -41,6 +41,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "spec_tokens_per_step", "spec_acceptance", "spec_wasted_frac",
     "num_gpus", "goodput_per_gpu", "prefill_gpu_busy_frac", "decode_gpu_busy_frac",
     "kv_transfer_p50_s", "kv_transfer_p99_s",
+    "prefix_hit_rate", "cached_prompt_tokens", "prefill_tokens_computed", "replica_busy_imbalance",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -150,7 +151,29 @@ def summarize_run(
     row["num_gpus"] = num_gpus
     row["goodput_per_gpu"] = row["goodput_rps"] / num_gpus  # DistServe's per-GPU goodput at this load
     row |= dict.fromkeys(DISAGGREGATION_COLUMNS, math.nan)  # filled by sim.disaggregation for its row
+    row |= prefix_stats(requests, iterations)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
+
+
+def prefix_stats(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, float]:
+    """Prefix-cache figures: hit rate H = sum cached / sum prompt tokens of the requests that were
+    scheduled, the cached and the computed prefill tokens, and the busiest replica's busy time
+    over the mean (1 = balanced). NaN where the records lack the columns."""
+    nan = math.nan
+    scheduled = requests["first_scheduled_s"].notna().to_numpy()
+    prompt, cached = (
+        float(requests[c].to_numpy()[scheduled].sum()) if c in requests else nan
+        for c in ("prompt_tokens", "cached_prompt_tokens")
+    )
+    computed = float(iterations["prefill_tokens"].sum()) if "prefill_tokens" in iterations else nan
+    busy = iterations.groupby("replica")["duration_s"].sum() if len(iterations) else pd.Series(dtype=float)
+    imbalance = float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else nan
+    return {
+        "prefix_hit_rate": _ratio(cached, prompt) if prompt == prompt else nan,
+        "cached_prompt_tokens": cached,
+        "prefill_tokens_computed": computed,
+        "replica_busy_imbalance": imbalance,
+    }
 
 
 def _frontend_p50(requests: pd.DataFrame, post_warmup: np.ndarray) -> float:

@@ -81,6 +81,7 @@ class Clients:
         self._replicas = replicas
         self._wake = wake
         self._route = route
+        self._route_by_request = getattr(route, "by_request", False)  # cache-aware routers need the request
         self._timeout_s = client.timeout_s if client else None
         self._max_retries = client.max_retries if client else 0
         self._backoff_s = client.backoff_s if client else 0.0
@@ -116,6 +117,8 @@ class Clients:
     def _open_loop(self) -> Generator[Any, Any, None]:
         env = self._env
         for rid, at_s in enumerate(self._stream.arrival_s.tolist()):
+            if at_s != at_s:  # NaN: a later session turn, sent when the turn before it ends
+                continue
             if at_s > env.now:
                 yield env.timeout(delay_until(env.now, at_s))
             self._send(rid)
@@ -158,7 +161,7 @@ class Clients:
         self._deliver(rid)
 
     def _deliver(self, rid: int) -> None:
-        index = self._route()
+        index = self._route(rid) if self._route_by_request else self._route()  # type: ignore[call-arg]
         replica = self._replicas[index]
         if self._max_queue is not None and replica.waiting_count >= self._max_queue:
             self._reject(rid, index)
@@ -199,12 +202,28 @@ class Clients:
 
     def _ended(self, rid: int) -> None:
         self.finished += 1
+        if self._stream.sessions is not None:
+            self._next_turn(rid)
+            return
         loop = self._stream.closed_loop
         if loop is None or self._next_unsent >= len(self._stream):
             return
         nxt = self._next_unsent
         self._next_unsent += 1
         think_s = float(loop.think_time_s[nxt])
+        if think_s > 0:
+            self._later(think_s, self._send, nxt)
+        else:
+            self._send(nxt)
+
+    def _next_turn(self, rid: int) -> None:
+        """A session's turn ended (however): its client sends the next turn after thinking."""
+        sessions = self._stream.sessions
+        assert sessions is not None
+        nxt = int(sessions.next_turn[rid])
+        if nxt < 0:
+            return
+        think_s = float(sessions.think_time_s[nxt])
         if think_s > 0:
             self._later(think_s, self._send, nxt)
         else:

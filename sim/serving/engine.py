@@ -26,6 +26,8 @@ from sim.policies import make_policy
 from sim.policies.base import Policy
 from sim.serving.clients import Clients
 from sim.serving.kv_cache import BlockAllocator
+from sim.serving.prefix_cache import PrefixCacheAllocator
+from sim.serving.prefix_state import prefix_state
 from sim.serving.router import make_router
 from sim.serving.speculative import SpeculativeCostModel, SpeculativeReplicaState, make_speculation
 from sim.serving.state import ReplicaState
@@ -73,6 +75,8 @@ def simulate(
     frontend: FrontendConfig | None = None,
     draft_cost_model: CostModelLike | None = None,
     merge_decode_steps: bool = True,
+    prefix_caching: bool = False,
+    router_load_cap: float = 1.5,
 ) -> SimOutput:
     """Simulate serving ``stream`` under one batching policy.
 
@@ -95,6 +99,9 @@ def simulate(
         engine_cpu: the engine CPU-time model added to every pass (a policy's
             ``engine_cpu``); then ``cost_model`` should price GPU time only
             (``load_cost_model(..., cpu_overhead=False)``). None: the cost model's time only.
+        prefix_caching: cache and share full prompt blocks (paged-memory policies only; ignored
+            for reserve-memory ones, which never share KV).
+        router_load_cap: the ``prefix_affinity`` router's load cap (a multiple of the mean).
 
     Returns:
         SimOutput with the requests and iterations tables.
@@ -120,6 +127,8 @@ def simulate(
         engine_cpu=engine_cpu,
         draft_cost_model=draft_cost_model,
         merge_decode_steps=merge_decode_steps,
+        prefix_caching=prefix_caching,
+        router_load_cap=router_load_cap,
     )
     return engine.run()
 
@@ -152,6 +161,8 @@ class Engine:
         frontend: FrontendConfig | None = None,
         draft_cost_model: CostModelLike | None = None,
         merge_decode_steps: bool = True,
+        prefix_caching: bool = False,
+        router_load_cap: float = 1.5,
     ) -> None:
         _check_sizes(kv_blocks, block_size, replicas, cost_model)
         self.policy: Policy = make_policy(policy)
@@ -163,14 +174,21 @@ class Engine:
         self.itl = ITLRecorder()
         self.kv_blocks = kv_blocks
         reserve = stream.max_output_tokens if self.policy.memory == "reserve" else None
+        caching = prefix_caching and self.policy.memory == "paged"
         state_class, cost_models = _speculative_parts(policy, stream, seed, cost_model, draft_cost_model)
+        if caching and state_class is not ReplicaState:
+            raise UserError(
+                f"policy '{policy.name}': speculative decoding and prefix caching cannot be combined yet; "
+                "turn one of them off (memory.prefix_caching / the policy's prefix_caching, or speculative)",
+                field="speculative",
+            )
         self.states = [
-            state_class(
+            (prefix_state(stream, self.records) if caching else state_class)(
                 i,
                 self.records,
                 stream.prompt_tokens,
                 stream.output_tokens,
-                BlockAllocator(kv_blocks, block_size),
+                (PrefixCacheAllocator if caching else BlockAllocator)(kv_blocks, block_size),
                 reserve_output_tokens=reserve,
                 holds_slots=self.policy.holds_slots,
                 whole_prompt=getattr(self.policy, "allocates_whole_prompt", False),
@@ -184,7 +202,7 @@ class Engine:
             self.records,
             self.states,
             self._wake,
-            make_router(router, self.states, seed),
+            make_router(router, self.states, seed, load_cap=router_load_cap),
             client,
             admission,
             refuse=refuse,

@@ -1,6 +1,7 @@
 """KV-cache block allocator of one replica.
 
-Blocks are interchangeable (no prefix sharing), so the allocator only counts them: it
+Blocks are interchangeable (no prefix sharing; see :mod:`sim.serving.prefix_cache` for the
+caching subclass), so the allocator only counts them: it
 answers "is there room for n more blocks?" and refuses to go over capacity. Who holds
 which blocks, and whom to preempt when there is no room, is decided elsewhere (the
 replica state holds per-sequence counts; policies choose victims).
@@ -22,6 +23,8 @@ class BlockAllocator:
     """
 
     __slots__ = ("total_blocks", "block_size", "used_blocks")
+    shared_surplus = 0
+    """Blocks counted once per extra holder (always 0 here: no block is shared)."""
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         if total_blocks < 1 or block_size < 1:

@@ -9,10 +9,11 @@ router would estimate them).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from sim.errors import UserError, did_you_mean
 from sim.rng import RandomStreams
+from sim.serving.prefix_router import prefix_affinity
 
 
 class Outstanding(Protocol):
@@ -57,16 +58,17 @@ def uniform_random(replicas: Sequence[Outstanding], seed: int, draw_size: int = 
     return route
 
 
-ROUTERS: dict[str, Callable[[Sequence[Outstanding], int], Router]] = {
+ROUTERS: dict[str, Callable[[Sequence[Outstanding], int], Any]] = {
     "round_robin": round_robin,
     "least_outstanding": least_outstanding,
     "random": uniform_random,
+    "prefix_affinity": prefix_affinity,
 }
 """Router name -> factory ``(replicas, seed) -> route``."""
 
 
-def make_router(kind: str, replicas: Sequence[Outstanding], seed: int) -> Router:
-    """Build the router called ``kind``.
+def make_router(kind: str, replicas: Sequence[Outstanding], seed: int, load_cap: float = 1.5) -> Router:
+    """Build the router called ``kind`` (``load_cap``: prefix_affinity's, see sim.serving.prefix_router).
 
     Raises:
         UserError: unknown router name.
@@ -77,4 +79,6 @@ def make_router(kind: str, replicas: Sequence[Outstanding], seed: int) -> Router
             f"choose one of {', '.join(ROUTERS)}",
             field="router",
         )
+    if kind == "prefix_affinity":
+        return prefix_affinity(replicas, seed, load_cap)  # type: ignore[return-value]  # called with the rid
     return ROUTERS[kind](replicas, seed)

@@ -223,10 +223,14 @@ class ReplicaState:
         """Apply a plan's preemptions, admissions and allocations; return the cost-model totals."""
         if plan.preempt:
             self._preempt(plan.preempt, now_s)
+        if plan.prefill:
+            self._prepare_prefills(plan.prefill, now_s)
         if plan.decode:
             decoders = self.decoders
             if self._reserve is None:
-                self.blocks.allocate(decoders.blocks_needed())
+                needed = decoders.blocks_needed()
+                if needed:  # most decode steps cross no block boundary
+                    self.blocks.allocate(needed)
             decodes, kv_tokens = decoders.count, decoders.kv_tokens  # admissions below do not decode yet
         else:
             decodes = kv_tokens = 0
@@ -239,6 +243,9 @@ class ReplicaState:
             decodes += self.idle_slots
             kv_tokens += self.idle_slot_kv_tokens
         return prefill_tokens, len(plan.prefill), attention_work, decodes, kv_tokens
+
+    def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:
+        """Hook before any block of a pass is allocated (prefix caching admits joiners here)."""
 
     def _begin_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> tuple[int, float]:
         """Admit joiners, allocate the pieces' blocks; return (prefill tokens, attention work)."""
@@ -327,7 +334,9 @@ class ReplicaState:
         self._block_tokens += decoders.count
         for seq in decoders.advance():
             self._park(seq)
-        self.blocks.allocate(decoders.blocks_needed())
+        needed = decoders.blocks_needed()
+        if needed:
+            self.blocks.allocate(needed)
         seqs = decoders.count + self.idle_slots
         return 0, 0, 0.0, seqs, decoders.kv_tokens + self.idle_slot_kv_tokens
 
@@ -532,8 +541,8 @@ class ReplicaState:
         blocks, decoders, seqs = self.blocks, self.decoders, self.running.values()
         held = sum(self._held(seq) for seq in seqs)
         assert 0 <= blocks.used_blocks <= blocks.total_blocks, "KV over capacity"
-        assert held == blocks.used_blocks, (
-            f"requests hold {held} blocks, allocator {blocks.used_blocks}"
+        assert held == blocks.used_blocks + blocks.shared_surplus, (  # shared blocks count once per holder
+            f"requests hold {held} blocks, allocator {blocks.used_blocks} (+{blocks.shared_surplus} shared)"
         )
         for seq in seqs:
             cached = decoders.context(seq) - 1 if seq.phase == DECODE else seq.computed_tokens

@@ -21,6 +21,7 @@ from sim.rng import RandomStreams
 from sim.workload.arrivals import closed_loop_clients, sample_arrivals
 from sim.workload.lengths import make_length_sampler
 from sim.workload.order import send_permutation
+from sim.workload.shared_content import mooncake_stream, session_stream, with_shared_prefix
 from sim.workload.stream import ClosedLoop, RequestStream
 from sim.workload.traces import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, load_trace
 
@@ -62,6 +63,8 @@ def build_request_stream(
         UserError: a trace or length file is missing or corrupt, or a trace used for
             arrivals has no arrival times.
     """
+    if isinstance(workload.arrival, TraceArrival) and workload.arrival.format == "mooncake":
+        return mooncake_stream(workload, base_dir)
     streams = RandomStreams(seed)
     replay = _load_replay(workload.arrival, workload.requests, base_dir)
     n = len(replay.rows) if replay else (workload.requests or DEFAULT_REQUESTS)
@@ -74,13 +77,18 @@ def build_request_stream(
     max_output_tokens = workload.max_output_tokens or output_bound
     arrival_s, closed_loop = _send_times(workload, n, replay, streams)
     order = send_permutation(workload.order, prompt_tokens)
-    return RequestStream(
+    stream = RequestStream(
         arrival_s=arrival_s,
         prompt_tokens=prompt_tokens[order],
         output_tokens=np.minimum(output_tokens[order], max_output_tokens),
         max_output_tokens=int(max_output_tokens),
         closed_loop=closed_loop,
     )
+    if workload.sessions is not None:
+        return session_stream(workload, stream, streams)
+    if workload.shared_prefix is not None:
+        return with_shared_prefix(stream, workload.shared_prefix, streams)
+    return stream
 
 
 def _load_replay(arrival: object, requests: int | None, base_dir: str | None) -> _Replay | None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.workload.content import PromptContent
+
 
 @dataclass(frozen=True)
 class ClosedLoop:
@@ -26,6 +28,16 @@ class ClosedLoop:
 
 
 @dataclass(frozen=True)
+class SessionChain:
+    """Multi-turn sessions, each a closed loop: when request r ends its session sends
+    ``next_turn[r]`` (-1: r was the last turn) after ``think_time_s[next_turn[r]]`` seconds.
+    First turns are sent at their ``arrival_s``; later turns have NaN there."""
+
+    next_turn: np.ndarray  # int64, one per request
+    think_time_s: np.ndarray  # float64, one per request
+
+
+@dataclass(frozen=True)
 class RequestStream:
     """Requests in send order, as parallel numpy arrays.
 
@@ -36,6 +48,8 @@ class RequestStream:
         max_output_tokens: the max_tokens clients send; static and continuous batching
             reserve prompt + max_output_tokens of KV per request. >= every output_tokens.
         closed_loop: set for closed-loop workloads, else None.
+        content: which prompt blocks the requests share (prefix caching); None: nothing known.
+        sessions: multi-turn session chaining; None: independent requests.
     """
 
     arrival_s: np.ndarray
@@ -43,6 +57,8 @@ class RequestStream:
     output_tokens: np.ndarray
     max_output_tokens: int
     closed_loop: ClosedLoop | None = None
+    content: PromptContent | None = None
+    sessions: SessionChain | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
