@@ -128,12 +128,15 @@ class RunResult:
     seed: int = field(default=0)
     summary_only: bool = False
 
-    def save(self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False) -> Path:
+    def save(
+        self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, html: bool = False
+    ) -> Path:
         """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`);
-        with ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run)."""
+        with ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run), with
+        ``html`` also ``report.html`` (one self-contained interactive page, needs ``plotly``)."""
         from sim.outputs import save_result
 
-        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events)
+        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events, html=html)
 
     def __repr__(self) -> str:
         from sim.report.tables import summary_text
