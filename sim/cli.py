@@ -115,6 +115,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="also write benchmark.json: per policy, the figures under vLLM benchmark_serving's result keys "
                         "(mean_ttft_ms, p99_itl_ms, output_throughput, ...; percentiles from metrics.percentiles)")
+    p.add_argument("--html", action="store_true", help="also write report.html: one self-contained interactive "
+                   "page (summary, latency CDFs, timeline, scenario); needs plotly (pip install 'batchsim[html]')")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -131,12 +133,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenario = load_from_args(args)
     out_dir = Path(args.out) if args.out else Path("results") / scenario.name
     check_output_dir(out_dir)  # before simulating: a bad --out must not cost a long run
+    if args.html:
+        from sim.report.html import require_plotly
+
+        require_plotly()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
     for warning in caught:  # one plain line each (estimates before a large run, an empty warm-up window)
         print(f"warning: {warning.message}", file=sys.stderr)
-    result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json)
+    result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json, html=args.html)
     if not args.quiet:
         from sim.outputs import deployment_text
 
@@ -209,6 +215,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenarios", default=str(REPO_ROOT / "scenarios"), help="folder of scenario YAMLs")
     p.add_argument("--out", default="results", help="results folder")
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots")
+    p.add_argument("--html", action="store_true", help="also write each scenario's report.html (needs plotly)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=cmd_report)
 
@@ -217,8 +224,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Run every shipped scenario and write results/ plus the batching speedup table."""
     from sim.reporting import regenerate_results
 
+    if args.html:
+        from sim.report.html import require_plotly
+
+        require_plotly()
     regenerate_results(Path(args.scenarios), Path(args.out), plots=not args.no_plots,
-                       progress=not args.quiet, log=print)
+                       progress=not args.quiet, log=print, html=args.html)
     return 0
 
 

@@ -60,18 +60,26 @@ if TYPE_CHECKING:
 CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far finer than the model's accuracy
 
 PLOTS = {
-    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s"),
-    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s"),
-    "timeline.png": lambda r, p: p.timeline(r.iterations),
+    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r)),
+    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r)),
+    "timeline.png": lambda r, p: p.timeline(r.iterations, requests=r.requests),
     "throughput.png": lambda r, p: p.throughput_over_time(r.requests),
 }
 RESOLVED_YAML = "scenario.resolved.yaml"
 # Every file save_result may write: the only names a results folder may hold to be replaced.
 TRACE_FILE = "trace.json"
 BENCHMARK_FILE = "benchmark.json"
+HTML_FILE = "report.html"
 RESULT_FILES = frozenset(
-    {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML, TRACE_FILE, BENCHMARK_FILE, *PLOTS}
+    {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML}
+    | {TRACE_FILE, BENCHMARK_FILE, HTML_FILE, *PLOTS}
 )
+
+
+def _timeout_s(result: RunResult) -> float | None:
+    """The client timeout of the run's scenario (None: clients never give up)."""
+    client = result.scenario.client
+    return client.timeout_s if client else None
 
 
 @dataclass(frozen=True)
@@ -312,10 +320,16 @@ def _tmp_prefix(target: Path) -> str:
 
 # --------------------------------------------------------------------------- writing a result
 def save_result(
-    result: RunResult, out_dir: Path, *, plots: bool = True, trace_events: bool = False, json: bool = False
+    result: RunResult,
+    out_dir: Path,
+    *,
+    plots: bool = True,
+    trace_events: bool = False,
+    json: bool = False,
+    html: bool = False,
 ) -> Path:
     """Write summary, per-request/per-iteration CSVs, the resolved scenario and plots to ``out_dir``
-    (and ``trace.json`` with ``trace_events``, ``benchmark.json`` with ``json``).
+    (and ``trace.json`` with ``trace_events``, ``benchmark.json`` with ``json``, ``report.html`` with ``html``).
 
     Raises:
         UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write.
@@ -328,6 +342,10 @@ def save_result(
             write_trace(result, tmp / TRACE_FILE)
         if json:
             write_benchmark_json(result, tmp / BENCHMARK_FILE)
+        if html:
+            from sim.report.html import write_html
+
+            write_html(result, tmp / HTML_FILE)
     return out_dir
 
 

@@ -91,9 +91,10 @@ def shipped_scenarios(folder: Path) -> list[Path]:
 
 def regenerate_results(
     scenarios_dir: Path, out_dir: Path, *, plots: bool = True, progress: bool = False,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, html: bool = False,
 ) -> dict[str, pd.DataFrame]:
-    """Run every shipped scenario, write its folder, then the speedup table; returns summaries by scenario."""
+    """Run every shipped scenario, write its folder (with ``report.html`` when ``html``), then the
+    speedup table; returns summaries by scenario."""
     from sim.runner import run
 
     summaries: dict[str, pd.DataFrame] = {}
@@ -107,7 +108,7 @@ def regenerate_results(
         except MissingDataError as exc:
             log(f"skipped {path.name}: {exc}")
             continue
-        result.save(out_dir / result.scenario.name, plots=plots)
+        result.save(out_dir / result.scenario.name, plots=plots, html=html)
         summaries[result.scenario.name] = result.summary
         if path.parent.name == SPEEDUP_FOLDER:
             seed_table[result.scenario.name] = result.summary

@@ -140,13 +140,17 @@ class RunResult:
     summary_only: bool = False
     benchmark: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def save(self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, json: bool = False) -> Path:
+    def save(
+        self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, json: bool = False,
+        html: bool = False,
+    ) -> Path:
         """Write every output file into ``out_dir`` atomically (see :mod:`sim.outputs`); with
         ``trace_events`` also ``trace.json`` (Chrome/Perfetto trace of the run), with ``json``
-        ``benchmark.json`` (vLLM benchmark_serving's result keys, per policy)."""
+        ``benchmark.json`` (vLLM benchmark_serving's result keys, per policy), with ``html``
+        ``report.html`` (one self-contained interactive page, needs ``plotly``)."""
         from sim.outputs import save_result
 
-        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events, json=json)
+        return save_result(self, Path(out_dir), plots=plots, trace_events=trace_events, json=json, html=html)
 
     def __repr__(self) -> str:
         from sim.report.tables import summary_text

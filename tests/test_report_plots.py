@@ -79,36 +79,83 @@ def lines_with_labels(ax, labels):
     return [line for line in ax.get_lines() if line.get_label() in labels]
 
 
+def cdf_lines(ax):
+    return [line for line in ax.get_lines() if str(line.get_gid()).startswith("cdf ")]
+
+
 def test_latency_cdf_one_monotone_line_per_policy():
     fig = plots.latency_cdf(make_requests(POLICIES), metric="e2e_s")
     assert isinstance(fig, Figure) and len(fig.axes) == 1
-    lines = fig.axes[0].get_lines()
-    assert [line.get_label() for line in lines] == POLICIES
+    lines = cdf_lines(fig.axes[0])
+    assert [line.get_gid() for line in lines] == [f"cdf {p}" for p in POLICIES]
     for line in lines:
         x, y = line.get_xdata(), line.get_ydata()
         assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) >= 0)
         assert y[0] == 0.0 and y[-1] == 1.0
     single = plots.latency_cdf(make_requests(["a"]).drop(columns=["policy"]))
-    assert len(single.axes[0].get_lines()) == 1
+    assert len(cdf_lines(single.axes[0])) == 1
 
 
-def test_latency_cdf_median_matches_data():
-    requests = make_requests(["a"])
-    line = plots.latency_cdf(requests, metric="ttft_s").axes[0].get_lines()[0]
-    done = requests.loc[requests["status"] == "completed", "ttft_s"]
-    assert np.interp(0.5, line.get_ydata(), line.get_xdata()) == pytest.approx(
-        done.median(), rel=1e-2
-    )
+def test_latency_cdf_log_ms_axis_and_distinct_styles():
+    ax = plots.latency_cdf(make_requests(POLICIES), metric="ttft_s").axes[0]
+    assert ax.get_xscale() == "log"
+    assert "(ms" in ax.get_xlabel()
+    lines = cdf_lines(ax)
+    assert len({str(line.get_linestyle()) for line in lines}) == len(POLICIES)
+    # x values are in ms: the largest equals the data's maximum TTFT x 1000.
+    requests = make_requests(POLICIES)
+    largest_s = requests.loc[requests["policy"] == "static", "ttft_s"].max()
+    assert lines[0].get_xdata().max() == pytest.approx(largest_s * 1000)
 
 
-def test_timeline_three_axes_and_kv_mean_matches_summary():
+def test_latency_cdf_p50_p99_markers_at_the_percentiles():
+    requests = make_requests(POLICIES)
+    ax = plots.latency_cdf(requests, metric="e2e_s").axes[0]
+    for name, q in (("p50", 50), ("p99", 99)):
+        markers = [line for line in ax.get_lines() if line.get_gid() == name]
+        assert len(markers) == len(POLICIES)
+        for policy, marker in zip(POLICIES, markers, strict=True):
+            values = requests.loc[requests["policy"] == policy, "e2e_s"]
+            assert marker.get_xdata()[0] == pytest.approx(np.percentile(values, q) * 1000, rel=1e-9)
+            assert marker.get_ydata()[0] == q / 100
+    labels = [line.get_label() for line in cdf_lines(ax)]
+    assert all(" p50 " in label and " p99 " in label and " ms" in label for label in labels)
+
+
+def test_latency_cdf_timed_out_mass_at_the_timeout_and_labelled():
+    requests = make_requests(["a", "b"])
+    late = requests["status"] == "timed_out"
+    requests.loc[late, ["e2e_s", "ttft_s"]] = np.nan  # gave up before a first token
+    requests.loc[requests.index[1], "status"] = "rejected"
+    ax = plots.latency_cdf(requests, metric="e2e_s", timeout_s=30.0).axes[0]
+    line = cdf_lines(ax)[0]
+    x, y = line.get_xdata(), line.get_ydata()
+    share = late[requests["policy"] == "a"].mean()
+    jump = y[x == 30_000.0]
+    assert jump.max() - y[x < 30_000.0].max() == pytest.approx(share, abs=1e-9)
+    assert y[-1] == pytest.approx(1 - 1 / 200)  # the rejected request is not on the curve
+    assert [line.get_gid() for line in ax.get_lines()].count("timeout") == 1
+    label = next(t for t in ax.texts if t.get_gid() == "timeout-label").get_text()
+    assert f"a {share:.1%}" in label and "30 s" in label
+    legend = line.get_label()
+    assert f"timed out {share:.1%}" in legend and "rejected 0.5%" in legend
+    # No timeout given: the timed-out requests are missing from the curve, still stated in the legend.
+    plain = cdf_lines(plots.latency_cdf(requests, metric="e2e_s").axes[0])[0]
+    assert plain.get_ydata()[-1] == pytest.approx(1 - share - 1 / 200) and "timed out" in plain.get_label()
+
+
+def test_timeline_panels_and_kv_mean_matches_summary():
     iterations = make_iterations(POLICIES[:2])
-    fig = plots.timeline(iterations)
-    assert len(fig.axes) == 3
-    for ax in fig.axes[:2]:
+    fig = plots.timeline(iterations, requests=make_requests(POLICIES[:2]))
+    assert len(fig.axes) == 3 + 2  # batch, KV, queue, then one utilization panel per policy
+    for ax in fig.axes[:3]:
         assert [line.get_label() for line in ax.get_lines()] == POLICIES[:2]
-    # Without mfu/mbu columns the utilization panel has the busy line only.
-    assert [line.get_label() for line in fig.axes[2].get_lines()] == [f"{p} busy" for p in POLICIES[:2]]
+        assert len({str(line.get_linestyle()) for line in ax.get_lines()}) == 2
+    # Without mfu/mbu columns each utilization panel has the busy line only.
+    for ax, policy in zip(fig.axes[3:], POLICIES[:2], strict=True):
+        assert ax.get_gid() == f"utilization {policy}"
+        assert [line.get_label() for line in ax.get_lines()] == [f"{policy} busy"]
+    assert len(plots.timeline(iterations).axes) == 2 + 2  # no requests: no queue panel
     # Over bins spanning exactly the run, the binned KV line averages to kv_mean_frac.
     one = iterations[iterations["policy"] == "static"]
     span_s = (one["start_s"] + one["duration_s"]).max() - one["start_s"].min()
@@ -117,6 +164,14 @@ def test_timeline_three_axes_and_kv_mean_matches_summary():
     no_requests = pd.DataFrame({c: pd.Series(dtype=float) for c in _request_columns()})
     row = summarize_run(no_requests, one, scenario="s", policy="static")
     assert np.sum(y[:-1] * np.diff(x)) / span_s == pytest.approx(row["kv_mean_frac"], rel=1e-9)
+
+
+def test_queue_length_integrates_to_total_wait():
+    requests = make_requests(["a"]).assign(first_scheduled_s=lambda f: f["arrival_s"] + 0.5)
+    edges = np.linspace(0, 60, 121)
+    from sim.report.series import queue_length
+
+    assert np.sum(queue_length(requests, edges) * np.diff(edges)) == pytest.approx(0.5 * len(requests))
 
 
 def _request_columns():
@@ -152,9 +207,15 @@ def test_binned_time_mean_matches_brute_force():
     )
 
 
+def test_throughput_default_window_is_round_and_stated():
+    title = plots.throughput_over_time(make_requests(["a"])).axes[0].get_title()
+    assert "mean per 1 s window" in title  # span ~55 s / 60 windows -> 1 s
+
+
 def test_throughput_over_time_conserves_completed_tokens():
     requests = make_requests(POLICIES)
     fig = plots.throughput_over_time(requests, bin_s=0.5)
+    assert "output tokens/s" in fig.axes[0].get_title().lower() and "0.5 s window" in fig.axes[0].get_title()
     lines = fig.axes[0].get_lines()
     assert [line.get_label() for line in lines] == POLICIES
     for policy, line in zip(POLICIES, lines, strict=True):
@@ -194,9 +255,11 @@ def test_latency_vs_load_bands_and_saturation_marker():
     ax = fig.axes[0]
     curves = lines_with_labels(ax, {"fast", "slow"})
     assert len(curves) == 2
-    assert list(curves[1].get_ydata()) == pytest.approx(
-        [0.2 + 0.01, 0.8 + 0.01, 3.2 + 0.01, 12.8 + 0.01]
+    assert list(curves[1].get_ydata()) == pytest.approx(  # in ms, as the tables show TTFT
+        [1000 * (0.2 + 0.01), 1000 * (0.8 + 0.01), 1000 * (3.2 + 0.01), 1000 * (12.8 + 0.01)]
     )
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "TTFT p99 (ms)"
+    assert ax.get_xlabel() == "arrival rate (req/s)"
     assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2
     markers = [line for line in ax.get_lines() if line.get_gid() == "saturation"]
     assert len(markers) == 1 and markers[0].get_xdata()[0] == 4.0
@@ -248,7 +311,7 @@ def test_timeline_utilization_lines_average_to_busy_mfu_and_mbu():
     rng = np.random.default_rng(3)
     one = one.assign(mfu=rng.uniform(0, 0.1, len(one)), mbu=rng.uniform(0.2, 0.8, len(one)))
     span_s = (one["start_s"] + one["duration_s"]).max() - one["start_s"].min()
-    lines = plots.timeline(one, bin_s=span_s / 23).axes[2].get_lines()
+    lines = plots.timeline(one, bin_s=span_s / 23).axes[2].get_lines()  # the one utilization panel
     assert [line.get_label() for line in lines] == ["static busy", "static MBU", "static MFU"]
     capacity_s = span_s * one["replica"].nunique()
     expected = [one["duration_s"].sum(), (one["mbu"] * one["duration_s"]).sum(), (one["mfu"] * one["duration_s"]).sum()]

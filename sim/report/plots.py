@@ -2,13 +2,15 @@
 
 Figures are built with :class:`matplotlib.figure.Figure` directly, never through the
 pyplot state machine, so nothing is registered globally, nothing needs closing, and
-the code runs under any backend (Agg on CI). Per-iteration inputs are binned with
-exact time-weighted means in O(n log n), so million-iteration runs stay fast.
+the code runs under any backend (Agg on CI). The numbers come from
+:mod:`sim.report.series` (shared with the HTML report): latencies in ms on a log axis
+with p50/p99 marked, timed-out requests as a labelled mass at the client timeout, one
+line style per policy so no line hides another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
 from pathlib import Path
 
 import matplotlib
@@ -16,22 +18,24 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-from sim.errors import UserError, did_you_mean
+from sim.report import series as data
+from sim.report.series import CDF_POINTS, DEFAULT_BINS, METRIC_NAMES, binned_time_mean
 
-DEFAULT_BINS = 200
-"""Bins across a run when ``bin_s`` is not given."""
-
-CDF_POINTS = 1000
-"""Quantiles drawn per CDF line (enough for a smooth curve at any request count)."""
+__all__ = [
+    "CDF_POINTS", "DEFAULT_BINS", "binned_time_mean", "latency_cdf", "latency_vs_load", "save_figure",
+    "speedup_bars", "throughput_over_time", "timeline",
+]  # fmt: skip
 
 _WIDTH_IN = 7.0
 _PANEL_HEIGHT_IN = 3.2
+_SMALL_PANEL_HEIGHT_IN = 1.9
 _DPI = 100
-_METRIC_LABELS = {
-    "ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E latency",
-    "queue_delay_s": "queue delay", "norm_latency_s": "normalized latency (per token)",
-}  # fmt: skip
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2, 2, 2)))
+"""One dash pattern per policy (with its colour), so overlapping lines stay distinguishable."""
+AXIS_LABELS = {"workload.arrival.rate": "arrival rate (req/s)"}
+"""Readable names of swept parameters; others are shown as their path."""
 # Savefig metadata that would otherwise embed a date or the matplotlib version.
 _STABLE_METADATA: dict[str, dict[str, None]] = {
     "png": {"Software": None},
@@ -40,131 +44,149 @@ _STABLE_METADATA: dict[str, dict[str, None]] = {
 }
 
 
-def latency_cdf(requests: pd.DataFrame, metric: str = "ttft_s", by: str = "policy") -> Figure:
-    """Empirical CDF of a per-request latency, one line per group.
+def latency_cdf(
+    requests: pd.DataFrame, metric: str = "ttft_s", by: str = "policy", timeout_s: float | None = None
+) -> Figure:
+    """Empirical CDF of a per-request latency over all sent requests, in ms on a log axis.
+
+    Each line carries a p50 (circle, gid ``p50``) and p99 (triangle, gid ``p99``) marker and
+    states both in the legend with the timed-out and rejected shares; timed-out requests
+    without a value sit at ``timeout_s`` (a jump, dotted line gid ``timeout``, annotated).
 
     Args:
         requests: per-request records (a ``by`` column when several policies are mixed).
         metric: latency column in seconds, e.g. ``ttft_s``, ``tpot_s``, ``e2e_s``.
         by: grouping column; absent means one group.
+        timeout_s: the client timeout (``scenario.client.timeout_s``), None when there is none.
 
     Returns:
-        A Figure with one Axes and one line per group with completed requests.
+        A Figure with one Axes and one line per group with a value.
     """
-    _require(requests, [metric], "requests")
     fig, (ax,) = _figure(1)
-    done = _completed(requests)
-    probabilities = np.linspace(0.0, 1.0, CDF_POINTS)
-    for index, (label, group) in enumerate(_groups(done, by)):
-        values = group[metric].to_numpy(dtype=float)
-        values = values[np.isfinite(values)]
-        if values.size:
-            ax.plot(
-                np.quantile(values, probabilities), probabilities, label=label, color=_color(index)
-            )
-    name = _METRIC_LABELS.get(metric, metric)
-    ax.set(xlabel=f"{name} (s)", ylabel="fraction of requests", ylim=(0, 1.0), title=f"{name} CDF")
+    cdfs = data.latency_cdfs(requests, metric, by, timeout_s)
+    for index, cdf in enumerate(cdfs):
+        ax.plot(cdf.values_ms, cdf.fractions, label=_cdf_label(cdf), drawstyle="steps-post", color=_color(index),
+                linestyle=_style(index), gid=f"cdf {cdf.label}")  # fmt: skip
+        for name, value, fraction, marker in (("p50", cdf.p50_ms, 0.5, "o"), ("p99", cdf.p99_ms, 0.99, "^")):
+            if math.isfinite(value):
+                ax.plot([value], [fraction], marker=marker, linestyle="none", color=_color(index),
+                        gid=name, label=f"_{cdf.label} {name}")  # fmt: skip
+    if timeout_s is not None and metric in data.FROM_ARRIVAL and any(c.timed_out_frac for c in cdfs):
+        _timeout_mark(ax, timeout_s, cdfs)
+    name = METRIC_NAMES.get(metric, metric)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 1,000 reads faster than 10^3
+    ax.set(xlabel=f"{name} (ms, log scale)", ylabel="fraction of sent requests", ylim=(0, 1.02),
+           title=f"{name} CDF (o p50, ^ p99)")  # fmt: skip
     _finish(ax)
     return fig
 
 
-def timeline(iterations: pd.DataFrame, by: str = "policy", bin_s: float | None = None) -> Figure:
-    """Batch size, KV-cache usage and GPU utilization over time, as time-weighted means per bin.
+def _plain_number(value: float, _position: float) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
-    Idle time counts as batch 0, KV 0 and utilization 0, and several replicas are
-    averaged, so the mean of the KV line over the run equals the summary's
-    ``kv_mean_frac``, and those of the busy, MFU and MBU lines ``gpu_busy_frac``,
-    ``mfu_mean`` and ``mbu_mean`` (on unsampled records).
+
+def _cdf_label(cdf: data.CdfSeries) -> str:
+    text = f"{cdf.label}: p50 {data.format_ms(cdf.p50_ms)}, p99 {data.format_ms(cdf.p99_ms)}"
+    if cdf.timed_out_frac:
+        text += f", timed out {cdf.timed_out_frac:.1%}"
+    if cdf.rejected_frac:
+        text += f", rejected {cdf.rejected_frac:.1%} (not on the curve)"
+    return text
+
+
+def _timeout_mark(ax: Axes, timeout_s: float, cdfs: list[data.CdfSeries]) -> None:
+    at_ms = timeout_s * 1000.0
+    ax.axvline(at_ms, color="grey", linestyle=":", gid="timeout", label=f"client timeout {timeout_s:g} s")
+    shares = ", ".join(f"{c.label} {c.timed_out_frac:.1%}" for c in cdfs if c.timed_out_frac)
+    ax.annotate(f"timed out {shares}\n(no value: drawn at {timeout_s:g} s)", (at_ms, 0.6), xytext=(-4, 0),
+                textcoords="offset points", ha="right", va="center", fontsize=7, gid="timeout-label")  # fmt: skip
+
+
+def timeline(
+    iterations: pd.DataFrame, by: str = "policy", bin_s: float | None = None, requests: pd.DataFrame | None = None
+) -> Figure:
+    """Batch size, KV-cache use, queue length and GPU utilization over time, per bin.
+
+    Time-weighted means per bin, idle time counting as 0, replicas averaged (queue: all
+    replicas together), so the KV line averages to the summary's ``kv_mean_frac`` and the
+    busy, MFU and MBU lines to ``gpu_busy_frac``, ``mfu_mean`` and ``mbu_mean``.
 
     Args:
-        iterations: per-iteration records (``mfu`` and ``mbu`` columns optional: without
-            them the utilization panel shows the busy fraction only).
+        iterations: per-iteration records (``mfu``/``mbu`` optional).
         by: grouping column; absent means one group.
         bin_s: bin width in seconds; default: the run's span / ``DEFAULT_BINS``.
+        requests: per-request records; given, a queue-length panel is added.
 
     Returns:
-        A Figure with three Axes (batch size, KV fraction, utilization); one line per group
-        in the first two, and per group a busy (solid), MBU (dashed) and MFU (dotted) line
-        in the third.
+        A Figure whose shared panels (batch size, KV fraction, queue length when
+        ``requests`` is given) hold one line per group in its own style, followed by one
+        utilization panel per group with its busy (solid), MBU (dashed) and MFU (dotted) lines.
     """
-    _require(
-        iterations,
-        ["start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total"],
-        "iterations",
-    )
-    fig, (batch_ax, kv_ax, use_ax) = _figure(3)
-    ends = iterations["start_s"] + iterations["duration_s"]
-    edges = _edges(iterations["start_s"].min(), ends.max(), bin_s)
-    for index, (label, group) in enumerate(_groups(iterations, by)):
-        replicas = group["replica"].nunique() if "replica" in group.columns else 1
-        kv = group["kv_blocks_used"] / group["kv_blocks_total"].where(group["kv_blocks_total"] > 0)
-        for ax, values in ((batch_ax, group["batch_size"]), (kv_ax, kv.fillna(0.0))):
-            means = (
-                binned_time_mean(group["start_s"], group["duration_s"], values, edges) / replicas
-            )
-            _step(ax, edges, means, label, index)
-        _utilization_lines(use_ax, group, edges, replicas, label, index)
-    batch_ax.set(ylabel="batch size (sequences)", title="Batch size, KV-cache usage and GPU utilization over time")
-    kv_ax.set(ylabel="KV cache used (fraction)", ylim=(0, 1.05))
-    use_ax.set(xlabel="time (s)", ylabel="busy / MBU / MFU (fraction)", ylim=(0, 1.05))
-    for ax in (batch_ax, kv_ax, use_ax):
+    binned = data.timeline(iterations, requests, by, bin_s)
+    shared = ["batch", "kv"] + (["queue"] if requests is not None else [])
+    fig, axes = _figure(len(shared), small=len(binned.series))
+    labels = {"batch": "batch size\n(sequences)", "kv": "KV cache used\n(fraction)", "queue": "waiting\nrequests"}
+    for ax, quantity in zip(axes, shared, strict=False):
+        for index, (label, values) in enumerate(binned.series.items()):
+            if quantity in values:
+                _step(ax, binned.edges, values[quantity], label, index)
+        ax.set(ylabel=labels[quantity], ylim=(0, 1.05) if quantity == "kv" else None)
+    for index, (label, values) in enumerate(binned.series.items()):
+        _utilization(axes[len(shared) + index], binned.edges, values, label, index)
+    axes[0].set_title("Batch size, KV-cache use, queue length and GPU utilization over time\n"
+                      f"(time-weighted means per {_width(binned.edges)} bin; queue: all replicas)")  # fmt: skip
+    axes[-1].set_xlabel("time (s)")
+    for ax in axes:
         _finish(ax)
     return fig
 
 
-_UTILIZATION_LINES = (("busy", None, "-"), ("MBU", "mbu", "--"), ("MFU", "mfu", ":"))
+_UTILIZATION_LINES = (("busy", "busy", "-"), ("MBU", "mbu", "--"), ("MFU", "mfu", ":"))
 
 
-def _utilization_lines(
-    ax: Axes, group: pd.DataFrame, edges: np.ndarray, replicas: int, label: str, index: int
-) -> None:
-    """Busy fraction (nvidia-smi's figure), MBU and MFU of one group, binned like the others."""
-    for name, column, style in _UTILIZATION_LINES:
-        if column is not None and column not in group.columns:
-            continue
-        values = np.ones(len(group)) if column is None else group[column].fillna(0.0)
-        means = binned_time_mean(group["start_s"], group["duration_s"], values, edges) / replicas
-        ax.step(
-            edges, np.append(means, means[-1:]), where="post", label=f"{label} {name}", color=_color(index),
-            linestyle=style,
-        )  # fmt: skip
+def _utilization(ax: Axes, edges: np.ndarray, values: dict[str, np.ndarray], label: str, index: int) -> None:
+    """One group's busy fraction (nvidia-smi's figure), MBU and MFU in its own panel."""
+    for name, key, style in _UTILIZATION_LINES:
+        if key in values:
+            means = values[key]
+            ax.step(edges, np.append(means, means[-1:]), where="post", label=f"{label} {name}",
+                    color=_color(index), linestyle=style)  # fmt: skip
+    ax.set(ylabel=f"{label}\nbusy/MBU/MFU", ylim=(0, 1.05))
+    ax.set_gid(f"utilization {label}")
 
 
-def throughput_over_time(
-    requests: pd.DataFrame, by: str = "policy", bin_s: float | None = None
-) -> Figure:
-    """Output tokens of completed requests per second, binned by completion time.
+def throughput_over_time(requests: pd.DataFrame, by: str = "policy", bin_s: float | None = None) -> Figure:
+    """Output tokens per second of completed requests: mean per window of completion time.
+
+    Args:
+        requests: per-request records.
+        by: grouping column; absent means one group.
+        bin_s: the window in seconds; default: a round width giving about 60 windows.
 
     Returns:
-        A Figure with one Axes and one line per group.
+        A Figure with one Axes and one line per group; the title states the window.
     """
-    _require(requests, ["arrival_s", "completion_s", "output_tokens"], "requests")
+    edges, rates, window_s = data.throughput(requests, by, bin_s)
     fig, (ax,) = _figure(1)
-    done = _completed(requests)
-    edges = _edges(requests["arrival_s"].min(), done["completion_s"].max(), bin_s)
-    for index, (label, group) in enumerate(_groups(done, by)):
-        tokens, _ = np.histogram(group["completion_s"], bins=edges, weights=group["output_tokens"])
-        _step(ax, edges, tokens / np.diff(edges), label, index)
-    ax.set(xlabel="time (s)", ylabel="output tokens/s", title="Throughput of completed requests")
+    for index, (label, values) in enumerate(rates.items()):
+        _step(ax, edges, values, label, index)
+    ax.set(xlabel="completion time (s)", ylabel="output tokens/s",
+           title=f"Output tokens/s of completed requests (mean per {window_s:g} s window)")  # fmt: skip
     _finish(ax)
     return fig
 
 
 def latency_vs_load(
-    sweep: pd.DataFrame,
-    x: str = "workload.arrival.rate",
-    y: str = "ttft_p99_s",
-    by: str = "policy",
-    seed_col: str = "seed",
-    saturation_ratio: float = 0.9,
-    log_y: bool = False,
+    sweep: pd.DataFrame, x: str = "workload.arrival.rate", y: str = "ttft_p99_s", by: str = "policy",
+    seed_col: str = "seed", saturation_ratio: float = 0.9, log_y: bool | None = None,
 ) -> Figure:
     """A summary metric against offered load: mean over seeds with a min-max band.
 
+    ``y`` is shown in the summary table's unit and header (``ttft_p99_s`` as "TTFT p99 (ms)").
     When ``x`` is an arrival rate (its name ends in ``rate``) and the sweep has
     ``throughput_rps``, each policy's saturation point is marked: the first load whose
-    mean throughput falls below ``saturation_ratio`` x the offered rate, i.e. where
-    throughput stops tracking load and the queue grows for the rest of the run.
+    mean throughput falls below ``saturation_ratio`` x the offered rate.
 
     Args:
         sweep: tidy sweep results, one row per point x policy x seed.
@@ -173,30 +195,30 @@ def latency_vs_load(
         by: grouping column (one line per value).
         seed_col: seed column, used to report how many seeds each point averages.
         saturation_ratio: throughput/offered-load ratio below which a point is saturated.
-        log_y: logarithmic y axis (latencies near saturation span orders of magnitude).
+        log_y: logarithmic y axis; None: for latency columns (names ending in ``_s``), which
+            span orders of magnitude near saturation.
 
     Returns:
         A Figure with one Axes: one line (and band) per group, plus a dotted vertical
         line per group that saturates.
     """
-    _require(sweep, [x, y], "sweep")
+    from sim.report.tables import FORMATS
+
+    data.require(sweep, [x, y], "sweep")
+    fmt = FORMATS.get(y)
+    scale, y_label = (fmt.scale, fmt.header) if fmt else (1.0, y)
     fig, (ax,) = _figure(1)
-    for index, (label, group) in enumerate(_groups(sweep, by)):
-        stats = group.groupby(x, sort=True)[y].agg(["mean", "min", "max"])
-        ax.plot(stats.index, stats["mean"], marker="o", label=label, color=_color(index))
+    for index, (label, group) in enumerate(data.groups(sweep, by)):
+        stats = group.groupby(x, sort=True)[y].agg(["mean", "min", "max"]) * scale
+        ax.plot(stats.index, stats["mean"], marker="o", label=label, color=_color(index), linestyle=_style(index))
         ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.2, color=_color(index))
         saturation = _saturation_point(group, x, saturation_ratio)
         if saturation is not None:
-            ax.axvline(
-                saturation,
-                linestyle=":",
-                color=_color(index),
-                gid="saturation",
-                label=f"{label} saturates",
-            )
+            ax.axvline(saturation, linestyle=":", color=_color(index), gid="saturation", label=f"{label} saturates")
     seeds = sweep[seed_col].nunique() if seed_col in sweep.columns else 1
-    ax.set(xlabel=x, ylabel=y, title=f"{y} vs {x} (mean of {seeds} seed(s), band: min-max)")
-    if log_y:
+    x_label = AXIS_LABELS.get(x, x)
+    ax.set(xlabel=x_label, ylabel=y_label, title=f"{y_label} vs {x_label}\n(mean of {seeds} seed(s), band: min-max)")
+    if log_y if log_y is not None else y.endswith("_s"):
         ax.set_yscale("log")
     _finish(ax)
     return fig
@@ -208,7 +230,7 @@ def speedup_bars(table: pd.DataFrame) -> Figure:
     Returns:
         A Figure with one Axes holding two bar containers and a reference line at 1x.
     """
-    _require(table, ["scenario", "speedup", "throughput_gain"], "speedup table")
+    data.require(table, ["scenario", "speedup", "throughput_gain"], "speedup table")
     fig, (ax,) = _figure(1)
     positions = np.arange(len(table))
     width = 0.38
@@ -244,36 +266,6 @@ def save_figure(fig: Figure, path: Path | str) -> None:
         fig.savefig(path, format=fmt, dpi=_DPI, metadata=_STABLE_METADATA.get(fmt))
 
 
-def binned_time_mean(
-    start_s: pd.Series | np.ndarray,
-    duration_s: pd.Series | np.ndarray,
-    values: pd.Series | np.ndarray,
-    edges: np.ndarray,
-) -> np.ndarray:
-    """Time-weighted mean per bin of a quantity that holds ``values[i]`` over
-    ``[start_s[i], start_s[i] + duration_s[i])`` and 0 elsewhere (intervals may overlap:
-    contributions add).
-
-    Uses the running integral G(t) = sum_i v_i (max(0, t - s_i) - max(0, t - e_i)),
-    each part evaluated from sorted cumulative sums, so the cost is O(n log n).
-    """
-    start = np.asarray(start_s, dtype=float)
-    end = start + np.asarray(duration_s, dtype=float)
-    weight = np.asarray(values, dtype=float)
-    integral = _ramp_integral(start, weight, edges) - _ramp_integral(end, weight, edges)
-    return np.diff(integral) / np.diff(edges)
-
-
-def _ramp_integral(times: np.ndarray, weight: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """sum_i weight_i * max(0, at - times_i), for each point of ``at``."""
-    order = np.argsort(times, kind="stable")
-    sorted_times, sorted_weight = times[order], weight[order]
-    cum_w = np.concatenate(([0.0], np.cumsum(sorted_weight)))
-    cum_wt = np.concatenate(([0.0], np.cumsum(sorted_weight * sorted_times)))
-    count = np.searchsorted(sorted_times, at, side="right")
-    return at * cum_w[count] - cum_wt[count]
-
-
 def _saturation_point(group: pd.DataFrame, x: str, ratio: float) -> float | None:
     if not x.endswith("rate") or "throughput_rps" not in group.columns:
         return None
@@ -283,53 +275,35 @@ def _saturation_point(group: pd.DataFrame, x: str, ratio: float) -> float | None
     return float(saturated[0]) if saturated.size else None
 
 
-def _edges(start_s: float, end_s: float, bin_s: float | None) -> np.ndarray:
-    if bin_s is not None and not bin_s > 0:
-        raise UserError(f"bin_s must be > 0, got {bin_s}", field="bin_s")
-    if not (np.isfinite(start_s) and np.isfinite(end_s)) or end_s <= start_s:
-        return np.array([0.0, 1.0])  # nothing happened: one empty bin keeps the axes valid
-    width = bin_s if bin_s is not None else (end_s - start_s) / DEFAULT_BINS
-    count = max(1, int(np.ceil((end_s - start_s) / width)))
-    return start_s + width * np.arange(count + 1)
-
-
-def _groups(frame: pd.DataFrame, by: str) -> Iterator[tuple[str, pd.DataFrame]]:
-    if by not in frame.columns:
-        yield "all", frame
-        return
-    for label, group in frame.groupby(by, sort=False):
-        yield str(label), group
-
-
-def _completed(requests: pd.DataFrame) -> pd.DataFrame:
-    if "status" not in requests.columns:
-        return requests
-    return requests[requests["status"] == "completed"]
-
-
-def _require(frame: pd.DataFrame, columns: list[str], name: str) -> None:
-    for column in columns:
-        if column not in frame.columns:
-            hint = did_you_mean(column, frame.columns)
-            raise UserError(f"{name} has no column '{column}'{hint}", field=column)
-
-
-def _figure(panels: int) -> tuple[Figure, list[Axes]]:
-    fig = Figure(figsize=(_WIDTH_IN, _PANEL_HEIGHT_IN * panels), dpi=_DPI, layout="constrained")
-    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+def _figure(panels: int, small: int = 0) -> tuple[Figure, list[Axes]]:
+    """``panels`` full-height panels then ``small`` shorter ones, stacked with a shared x axis."""
+    height = _PANEL_HEIGHT_IN * panels + _SMALL_PANEL_HEIGHT_IN * small
+    fig = Figure(figsize=(_WIDTH_IN, height), dpi=_DPI, layout="constrained")
+    ratios = [_PANEL_HEIGHT_IN] * panels + [_SMALL_PANEL_HEIGHT_IN] * small
+    axes = fig.subplots(panels + small, 1, sharex=True, squeeze=False, height_ratios=ratios)[:, 0]
     return fig, list(axes)
 
 
 def _step(ax: Axes, edges: np.ndarray, values: np.ndarray, label: str, index: int) -> None:
     # Repeat the last value so the final bin is drawn to its right edge.
-    ax.step(edges, np.append(values, values[-1:]), where="post", label=label, color=_color(index))
+    ax.step(edges, np.append(values, values[-1:]), where="post", label=label, color=_color(index),
+            linestyle=_style(index))  # fmt: skip
+
+
+def _width(edges: np.ndarray) -> str:
+    width = float(edges[1] - edges[0])
+    return f"{width:.3g} s"
 
 
 def _color(index: int) -> str:
     return f"C{index % 10}"
 
 
+def _style(index: int) -> str | tuple:
+    return LINE_STYLES[index % len(LINE_STYLES)]
+
+
 def _finish(ax: Axes) -> None:
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)

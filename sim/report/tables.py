@@ -123,11 +123,19 @@ def summary_markdown(summary: pd.DataFrame, columns: Sequence[str] | None = None
     Raises:
         UserError: a requested column is not in ``summary``.
     """
+    return markdown_table(*summary_cells(summary, columns))
+
+
+def summary_cells(
+    summary: pd.DataFrame, columns: Sequence[str] | None = None
+) -> tuple[list[str], list[list[str]], list[bool]]:
+    """Headers, formatted rows and which columns are numeric: the cells of ``summary.md``
+    (columns chosen as by :func:`summary_markdown`), for other renderings such as HTML."""
     chosen = _choose_columns(summary, columns, MARKDOWN_COLUMNS)
     headers = [_format_of(c).header for c in chosen]
     rows = [[format_value(summary[c].iloc[i], c) for c in chosen] for i in range(len(summary))]
     numeric = [_format_of(c).decimals is not None for c in chosen]
-    return markdown_table(headers, rows, numeric)
+    return headers, rows, numeric
 
 
 def summary_text(summary: pd.DataFrame) -> str:
