@@ -33,7 +33,7 @@ from sim.metrics.records import RUNNING, IterationRecords, RequestRecords
 from sim.policies import make_policy
 from sim.policies.base import VLLM_WATERMARK_FRACTION
 from sim.serving.clients import Clients
-from sim.serving.engine import PROGRESS_EVERY_ITERATIONS, ProgressCallback, SimOutput
+from sim.serving.engine import PROGRESS_EVERY_ITERATIONS, ProgressCallback, SimOutput, run_to_end
 from sim.serving.kv_cache import BlockAllocator
 from sim.serving.kv_link import Link, TransferModel
 from sim.serving.pool_state import PoolReplicaState
@@ -229,13 +229,7 @@ class DisaggEngine:
     # ------------------------------------------------------------------ run
     def run(self) -> SimOutput:
         """Run until every request has ended; return the records (pool columns added)."""
-        for worker in self.workers:
-            self.env.process(worker.run())
-        self.clients.start()
-        self.env.run()
-        self._check_finished()
-        if self._progress is not None:
-            self._progress(self.env.now, self.clients.finished)
+        run_to_end(self.env, self.workers, self.clients, self._check_finished, self._progress)
         requests = self.records.to_frame(self.stream.prompt_tokens, self.stream.output_tokens)
         requests["kv_transfer_s"] = self.kv_transfer_s
         requests["kv_wait_s"] = self.kv_wait_s

@@ -9,7 +9,7 @@ iteration tables. Semantics, metric definitions and modelling assumptions are in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,13 +228,7 @@ class Engine:
 
     def run(self) -> SimOutput:
         """Run the event loop until every request has ended; return the records."""
-        for worker in self.workers:
-            self.env.process(worker.run())
-        self.clients.start()
-        self.env.run()
-        self._check_finished()
-        if self._progress is not None:
-            self._progress(self.env.now, self.clients.finished)
+        run_to_end(self.env, self.workers, self.clients, self._check_finished, self._progress)
         requests = self.records.to_frame(self.stream.prompt_tokens, self.stream.output_tokens)
         return SimOutput(requests, self.iterations.to_frame(self.kv_blocks), self.itl.to_frame())
 
@@ -284,6 +278,24 @@ def _speculative_parts(
         return SpeculativeCostModel(cost_model, state)
 
     return state_class, cost_models
+
+
+def run_to_end(
+    env: simpy.Environment,
+    workers: Sequence[Worker],
+    clients: Clients,
+    check_finished: Callable[[], None],
+    progress: ProgressCallback | None,
+) -> None:
+    """Start every worker and the clients, run until no event is left, check that every
+    request ended, and report the final progress (one engine lifecycle, every composition)."""
+    for worker in workers:
+        env.process(worker.run())
+    clients.start()
+    env.run()
+    check_finished()
+    if progress is not None:
+        progress(env.now, clients.finished)
 
 
 def _check_sizes(kv_blocks: int, block_size: int, replicas: int, cost_model: Any) -> None:
