@@ -88,11 +88,9 @@ def disaggregation_markdown(table: pd.DataFrame) -> str:
 
 
 def _markdown(frame: pd.DataFrame) -> str:
-    from sim.report.tables import markdown_table
+    from sim.report.tables import frame_markdown
 
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
-    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    return markdown_table(list(frame.columns), cells, numeric).rstrip("\n")
+    return frame_markdown(frame).rstrip("\n")
 
 
 def _explanation(table: pd.DataFrame) -> list[str]:

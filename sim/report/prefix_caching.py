@@ -136,14 +136,9 @@ def _markdown(summary: pd.DataFrame, runs: dict[str, object], sweep: pd.DataFram
 
 
 def _md(frame: pd.DataFrame) -> str:
-    from sim.report.tables import markdown_table
+    from sim.report.tables import frame_markdown
 
-    def cell(value: object) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
-    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    return markdown_table([str(c) for c in frame.columns], rows, numeric)
+    return frame_markdown(frame)
 
 
 def _figure(sweep: pd.DataFrame, bound: float) -> Figure:

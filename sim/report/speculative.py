@@ -154,14 +154,9 @@ def speculative_markdown(table: pd.DataFrame, costs: pd.DataFrame) -> str:
 
 def _markdown(frame: pd.DataFrame) -> str:
     """A pipe table, floats to 4 significant digits."""
-    from sim.report.tables import markdown_table
+    from sim.report.tables import frame_markdown
 
-    def cell(value: object) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
-    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    return markdown_table(list(frame.columns), rows, numeric)
+    return frame_markdown(frame)
 
 
 def _cost_crossover(costs: pd.DataFrame, rate: float) -> str:

@@ -150,6 +150,14 @@ def summary_text(summary: pd.DataFrame) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
+def frame_markdown(frame: pd.DataFrame) -> str:
+    """Any DataFrame as a padded pipe table: floats to 4 significant digits, numeric columns
+    right-aligned (the reports' tables that are not summaries)."""
+    rows = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
+    return markdown_table([str(c) for c in frame.columns], rows, numeric)
+
+
 def markdown_table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]
 ) -> str:
