@@ -97,3 +97,24 @@ def decode_group_ops(max_size: int):  # noqa: ANN201 - a hypothesis strategy
         ),
         max_size=max_size,
     )
+
+
+def disagg_scenario(**disaggregation: object) -> dict:
+    """A 1p1d disaggregated Llama-3-8B scenario dict (long prompts, short outputs, Poisson at
+    3 req/s) next to a colocated prefill-first vLLM v0 policy on 2 replicas; ``disaggregation``
+    keys (link, transfer) are added to its disaggregation block."""
+    pool = {"replicas": 1, "policy": {"name": "x", "kind": "paged", "max_batch_size": 256}}
+    return {
+        "name": "dg",
+        "seed": 3,
+        "model": "llama-3-8b",
+        "replicas": 2,
+        "workload": {
+            "requests": 300,
+            "arrival": {"kind": "poisson", "rate": 3.0},
+            "prompt_tokens": {"kind": "uniform", "low": 2000, "high": 4000},
+            "output_tokens": {"kind": "uniform", "low": 50, "high": 150},
+        },
+        "policies": [{"name": "vllm-v0", "kind": "paged", "max_batch_size": 256, "max_num_batched_tokens": 8192}],
+        "disaggregation": {"name": "1p1d", "prefill": pool, "decode": pool, **disaggregation},
+    }

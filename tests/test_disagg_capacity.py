@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fakes import disagg_scenario
 
 from sim.config import Scenario
 from sim.errors import UserError
@@ -10,21 +11,7 @@ from sim.sweeps.split import split_search, splits
 
 
 def _scenario() -> dict:
-    pool = {"replicas": 1, "policy": {"name": "x", "kind": "paged", "max_batch_size": 256}}
-    return {
-        "name": "dg",
-        "seed": 3,
-        "model": "llama-3-8b",
-        "replicas": 2,
-        "workload": {
-            "requests": 300,
-            "arrival": {"kind": "poisson", "rate": 3.0},
-            "prompt_tokens": {"kind": "uniform", "low": 2000, "high": 4000},
-            "output_tokens": {"kind": "uniform", "low": 50, "high": 150},
-        },
-        "policies": [{"name": "vllm-v0", "kind": "paged", "max_batch_size": 256, "max_num_batched_tokens": 8192}],
-        "disaggregation": {"name": "1p1d", "prefill": pool, "decode": pool, "link": {"kind": "nvlink"}},
-    }
+    return disagg_scenario(link={"kind": "nvlink"})
 
 
 def test_splits_respect_pool_tensor_parallel() -> None:

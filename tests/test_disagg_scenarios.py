@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fakes import disagg_scenario
 
 from sim import run
 from sim.cli import main
@@ -16,29 +17,8 @@ SLO = {"ttft_p99_s": 2.0, "tpot_p99_s": 0.025}
 
 
 def _scenario(link: dict[str, Any] | None = None, transfer: str = "after_prefill", **top: Any) -> dict[str, Any]:
-    pool = {"replicas": 1, "policy": {"name": "x", "kind": "paged", "max_batch_size": 256}}
-    return {
-        "name": "dg",
-        "seed": 3,
-        "model": "llama-3-8b",
-        "replicas": 2,
-        "workload": {
-            "requests": 300,
-            "arrival": {"kind": "poisson", "rate": 3.0},
-            "prompt_tokens": {"kind": "uniform", "low": 2000, "high": 4000},
-            "output_tokens": {"kind": "uniform", "low": 50, "high": 150},
-        },
-        "policies": [{"name": "vllm-v0", "kind": "paged", "max_batch_size": 256, "max_num_batched_tokens": 8192}],
-        "slo": SLO,
-        "disaggregation": {
-            "name": "1p1d",
-            "prefill": pool,
-            "decode": pool,
-            "link": link or {"kind": "nvlink"},
-            "transfer": transfer,
-        },
-        **top,
-    }
+    raw = disagg_scenario(link=link or {"kind": "nvlink"}, transfer=transfer)
+    return {**raw, "slo": SLO, **top}
 
 
 def _rows(raw: dict[str, Any]) -> dict[str, Any]:

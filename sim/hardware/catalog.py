@@ -11,7 +11,7 @@ GiB), which is what vLLM's ``gpu_memory_utilization`` multiplies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.errors import UserError, did_you_mean
 
@@ -240,19 +240,14 @@ MOE_MODELS: tuple[ModelSpec, ...] = (
         mla=MLASpec(kv_lora_rank=512, q_lora_rank=0, rope_dim=64, nope_dim=128, v_head_dim=128),
     ),
     # As released: fp8 (e4m3, 128x128 block scales) transformer weights, bf16 embeddings/LM head.
-    ModelSpec(
+    _DEEPSEEK_V3 := ModelSpec(
         "deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 128, 7168, 18432, 129280,
         gated_mlp=True, max_positions=163840, explicit_head_dim=192, weight_dtype_bytes=1,
         moe=MoESpec(num_experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
         mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536, rope_dim=64, nope_dim=128, v_head_dim=128),
     ),
     # The same weights upcast to bf16 (DeepSeek-V3's inference/fp8_cast_bf16.py): twice the memory.
-    ModelSpec(
-        "deepseek-v3-bf16", "deepseek-ai/DeepSeek-V3", 61, 128, 128, 7168, 18432, 129280,
-        gated_mlp=True, max_positions=163840, explicit_head_dim=192,
-        moe=MoESpec(num_experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
-        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536, rope_dim=64, nope_dim=128, v_head_dim=128),
-    ),
+    replace(_DEEPSEEK_V3, name="deepseek-v3-bf16", weight_dtype_bytes=0),
     ModelSpec(
         "qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 48, 32, 4, 2048, 6144, 151936,
         gated_mlp=True, max_positions=40960, explicit_head_dim=128,

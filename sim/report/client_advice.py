@@ -321,12 +321,17 @@ def verdict_retries(table: pd.DataFrame) -> dict[str, Any]:
                 fixed["goodput_rps"] >= exps["goodput_rps"].max(), text)  # fmt: skip
 
 
+def _per_policy(table: pd.DataFrame, columns: str, values: str) -> pd.DataFrame:
+    """``values`` by policy (rows, in the table's order) and ``columns``."""
+    order = list(dict.fromkeys(table["policy"]))
+    return table.pivot(index="policy", columns=columns, values=values).loc[order]
+
+
 def verdict_timeouts(table: pd.DataFrame) -> dict[str, Any]:
     """(c): share of long-output requests each timeout abandons, per policy."""
     short, long = table["timeout_s"].min(), table["timeout_s"].max()
-    order = list(dict.fromkeys(table["policy"]))
-    frac = table.pivot(index="policy", columns="timeout_s", values="completed_frac").loc[order]
-    tps = table.pivot(index="policy", columns="timeout_s", values="useful_output_tps").loc[order]
+    frac = _per_policy(table, "timeout_s", "completed_frac")
+    tps = _per_policy(table, "timeout_s", "useful_output_tps")
     parts = [f"{p}: {1 - frac.loc[p, short]:.0%} timed out at {short:g} s vs {1 - frac.loc[p, long]:.0%} at "
              f"{long:g} s, useful tok/s {_change(tps.loc[p, long], tps.loc[p, short]):+.0%}" for p in frac.index]
     worst = frac[short].idxmin()
@@ -364,9 +369,8 @@ def verdict_sorting(table: pd.DataFrame) -> dict[str, Any]:
 def verdict_max_tokens(table: pd.DataFrame) -> dict[str, Any]:
     """(f): running sequences and throughput with max_tokens small vs large, per policy."""
     low, high = table["max_output_tokens"].min(), table["max_output_tokens"].max()
-    order = list(dict.fromkeys(table["policy"]))
-    peak = table.pivot(index="policy", columns="max_output_tokens", values="peak_running").loc[order]
-    tps = table.pivot(index="policy", columns="max_output_tokens", values="throughput_rps").loc[order]
+    peak = _per_policy(table, "max_output_tokens", "peak_running")
+    tps = _per_policy(table, "max_output_tokens", "throughput_rps")
     parts = [f"{p}: peak running {peak.loc[p, low]} -> {peak.loc[p, high]}, throughput "
              f"{_change(tps.loc[p, high], tps.loc[p, low]):+.0%}" for p in peak.index]
     cont = peak.loc["continuous"]
