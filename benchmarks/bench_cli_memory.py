@@ -55,7 +55,7 @@ root, scenario_file, out_dir, mode, plots = sys.argv[1:6]
 sys.path.insert(0, root)
 import pandas as pd
 from sim.runner import run
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 if mode == "full":
     from sim.cli import main
     code = main(["run", scenario_file, "--out", out_dir, "--quiet", *([] if plots == "1" else ["--no-plots"])])

@@ -30,7 +30,7 @@ TARGET_SPEEDUP = 1.7
 def measure(workers: int, backend: str, requests: int | None, out: Path) -> dict[str, float]:
     """Time one sweep in this process and save its table to ``out``."""
     sys.path.insert(0, str(REPO))
-    from sim.scenario_io import load_scenario
+    from sim.io.scenario import load_scenario
     from sim.sweeps import sweep
 
     overrides = {"workload.requests": requests} if requests else {}

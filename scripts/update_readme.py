@@ -5,8 +5,8 @@ Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``speedup`` (the table of results/batching_speedup.md), ``validation``
 (results/validation/vllm-0.6.0-burst.md), ``incident`` (results/incident/summary.md),
 ``client_advice`` (the verdicts of results/client_advice.csv), ``speedup_map`` and
-``article_table`` (the grid and the quoted table's form in results/speedup_map.md). Pages under docs/ may hold any of the same
-blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
+``article_table`` (the grid and the quoted table's form in results/speedup_map.md).
+Pages under docs/ may hold any of the same blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
 tests/test_readme.py runs that check.
 
     python scripts/update_readme.py [--check]

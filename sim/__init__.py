@@ -8,41 +8,37 @@ Public API::
     faster = scenario.replace(**{"workload.arrival.rate": 4.0})
     table = sim.sweep(scenario, {"workload.arrival.rate": [1, 2, 4]}, seeds=[0, 1, 2])
 
-Heavy modules (the engine, pandas-based reports, Ray) load on first use, so ``import sim``
-stays cheap for tools that only validate scenarios.
+Every name loads on first use (the schema needs pydantic, a run pandas and the engine,
+sweeps Ray), so ``import sim`` and ``python -m sim --help`` stay cheap.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sim.config import Scenario
 from sim.errors import UserError
-from sim.scenario_io import load_scenario
-
-__version__ = "0.1.0"
+from sim.lazy import lazy_attributes
+from sim.version import __version__
 
 __all__ = ["Scenario", "UserError", "load_scenario", "run", "RunResult", "sweep", "capacity", "plots", "__version__"]
 
-_LAZY = {
-    "run": ("sim.runner", "run"),
-    "RunResult": ("sim.runner", "RunResult"),
-    "sweep": ("sim.sweeps", "sweep"),
-    "capacity": ("sim.sweeps", "capacity"),
-    "plots": ("sim.report", "plots"),
-}
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "Scenario": "sim.config",
+        "load_scenario": "sim.io.scenario",
+        "run": "sim.runner",
+        "RunResult": "sim.runner",
+        "sweep": "sim.sweeps.runner",
+        "capacity": "sim.sweeps.capacity",
+        "plots": "sim.report",
+    },
+)
 
 if TYPE_CHECKING:
+    from sim.config import Scenario
+    from sim.io.scenario import load_scenario
+    from sim.report import plots
     from sim.runner import RunResult, run
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'sim' has no attribute {name!r}")
-    import importlib
-
-    module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = getattr(module, attr) if attr != "plots" else importlib.import_module("sim.report.plots")
-    globals()[name] = value
-    return value
+    from sim.sweeps.capacity import capacity
+    from sim.sweeps.runner import sweep

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand."""
-    from sim import __version__
+    from sim.version import __version__
 
     parser = argparse.ArgumentParser(prog="python -m sim", description="batchsim: LLM inference batching simulator")
     parser.add_argument("--version", action="version", version=f"batchsim {__version__}")
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
-    from sim.hardware import calibrate_cli
+    from sim.calibration import calibrate_cli
 
     calibrate_cli.add_parser(sub)
     sub.choices["calibrate"].set_defaults(handler=calibrate_cli.run)
@@ -88,7 +88,7 @@ def _scenario_args(p: argparse.ArgumentParser, *, optional_file: bool = False) -
 
 def load_from_args(args: argparse.Namespace):  # noqa: ANN201 - returns sim.config.Scenario
     """Load the scenario named on the command line with its --set/--seed overrides."""
-    from sim.scenario_io import load_scenario, parse_set_options
+    from sim.io.scenario import load_scenario, parse_set_options
 
     overrides = parse_set_options(args.overrides)
     if args.seed is not None:
@@ -123,7 +123,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Check the output folder, simulate, print the summary table, write the output folder."""
-    from sim.outputs import check_output_dir
+    from sim.io.outputs import check_output_dir
     from sim.report.tables import summary_text
     from sim.runner import run
 
@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning.message}", file=sys.stderr)
     result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json, html=args.html)
     if not args.quiet:
-        from sim.outputs import deployment_text
+        from sim.io.outputs import deployment_text
 
         facts = result.facts
         where = deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)
@@ -164,7 +164,8 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate the schema and resolve hardware, memory and workload."""
-    from sim.runner import check_servable, resolve
+    from sim.resolve import resolve
+    from sim.runner import check_servable
 
     scenario = load_from_args(args)
     resolved = resolve(scenario)
@@ -191,7 +192,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 CATALOGS = ("models", "gpus", "policies", "presets", "arrivals", "lengths", "traces")
-"""What ``list`` shows (sim.catalogs renders each; named here so ``--help`` imports nothing heavy)."""
+"""What ``list`` shows (sim.listing renders each; named here so ``--help`` imports nothing heavy)."""
 
 
 def _add_list(sub: argparse._SubParsersAction) -> None:
@@ -202,7 +203,7 @@ def _add_list(sub: argparse._SubParsersAction) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print one catalog."""
-    from sim.catalogs import catalog_lines
+    from sim.listing import catalog_lines
 
     for line in catalog_lines(args.what):
         print(line)
@@ -222,7 +223,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Run every shipped scenario and write results/ plus the batching speedup table."""
-    from sim.reporting import regenerate_results
+    from sim.report.regenerate import regenerate_results
 
     if args.html:
         from sim.report.html import require_plotly

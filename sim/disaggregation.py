@@ -26,7 +26,7 @@ from sim.serving.engine import ProgressCallback, SimOutput
 from sim.serving.kv_link import TransferModel
 
 if TYPE_CHECKING:
-    from sim.runner import ResolvedScenario
+    from sim.resolve import ResolvedScenario
 
 
 @dataclass(frozen=True)

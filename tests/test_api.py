@@ -20,8 +20,8 @@ import yaml
 
 import sim
 from sim.cli import main as cli_main
+from sim.io.outputs import CSV_FLOAT_FORMAT
 from sim.metrics.summary import SUMMARY_COLUMNS
-from sim.outputs import CSV_FLOAT_FORMAT
 from sim.sweeps import sweep
 
 REPO = Path(__file__).resolve().parents[1]

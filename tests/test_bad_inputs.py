@@ -109,10 +109,10 @@ def test_bad_value_is_one_error_line_and_writes_nothing(
 ) -> None:
     overrides, fragments = OVERRIDE_CASES[case]
     data = yaml.safe_load(yaml.safe_dump(BASE))
-    from sim.scenario_io import _set_path
+    from sim.config.overrides import set_path
 
     for dotted, value in overrides.items():
-        _set_path(data, dotted, value)
+        set_path(data, dotted, value)
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"

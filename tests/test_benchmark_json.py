@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from sim import run
+from sim.io.scenario import load_scenario
 from sim.metrics.benchmark import _itl_stats
-from sim.scenario_io import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 

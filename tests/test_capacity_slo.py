@@ -9,8 +9,8 @@ import pytest
 
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.io.scenario import scenario_from_dict
 from sim.runner import run
-from sim.scenario_io import scenario_from_dict
 from sim.sweeps import capacity
 from sim.sweeps.capacity import find_capacity
 from sim.sweeps.capacity_search import CHECK_FACTOR

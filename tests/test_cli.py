@@ -143,8 +143,8 @@ def test_validate_schema_and_list(tmp_path: Path, capsys) -> None:
 
 def test_version_and_every_list_topic_in_the_top_level_help(capsys) -> None:
     from sim import __version__
-    from sim.catalogs import catalog_lines
     from sim.cli import CATALOGS, build_parser
+    from sim.listing import catalog_lines
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--version"])
@@ -156,7 +156,7 @@ def test_version_and_every_list_topic_in_the_top_level_help(capsys) -> None:
 
 
 def test_list_traces_says_where_each_trace_is(capsys) -> None:
-    from sim.catalogs import catalog_lines
+    from sim.listing import catalog_lines
     from sim.workload.traces import TRACE_NAMES, local_trace_path
 
     for name, line in zip(TRACE_NAMES, catalog_lines("traces"), strict=True):

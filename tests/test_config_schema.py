@@ -10,8 +10,9 @@ import yaml
 from pydantic import ValidationError
 
 from sim.config import Scenario
+from sim.config.overrides import split_path
 from sim.errors import UserError
-from sim.scenario_io import load_scenario, parse_set_options, scenario_from_dict, scenario_to_dict, split_path
+from sim.io.scenario import load_scenario, parse_set_options, scenario_from_dict, scenario_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(REPO.glob("scenarios/**/*.yaml"))

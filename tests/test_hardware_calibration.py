@@ -14,18 +14,11 @@ import pandas as pd
 import pytest
 from fakes import assert_nested_close as _assert_close
 
+from sim.calibration.calibrate import COMMITTED, calibrate, fit_roofline_file
+from sim.calibration.profiles import MLP_PROFILES, ProfileSet
 from sim.errors import UserError
 from sim.hardware import cost_model, get_model, load_cost_model
-from sim.hardware.calibrate import (
-    CALIBRATION_DIR,
-    COMMITTED,
-    ROOFLINE_FILE,
-    calibrate,
-    calibration_filename,
-    fit_roofline_file,
-    read_yaml,
-)
-from sim.hardware.profiles import MLP_PROFILES, ProfileSet
+from sim.hardware.calibration_files import CALIBRATION_DIR, ROOFLINE_FILE, calibration_filename, read_yaml
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sim.calibration import calibrate_cli
 from sim.errors import UserError
-from sim.hardware import calibrate_cli
-from sim.hardware.calibrate import CALIBRATION_DIR, read_yaml
+from sim.hardware.calibration_files import CALIBRATION_DIR, read_yaml
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
 needs_shared = pytest.mark.skipif(

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from fakes import assert_nested_close as _assert_close
 
+from sim.calibration.calibrate import calibrate, committed_configs
+from sim.calibration.gpu_roofline import fit_gpu_roofline_file
+from sim.calibration.profiles import ProfileSet
 from sim.errors import UserError
 from sim.hardware import get_gpu, get_model, load_cost_model
-from sim.hardware.calibrate import CALIBRATION_DIR, calibrate, committed_configs, read_yaml
+from sim.hardware.calibration_files import CALIBRATION_DIR, read_yaml, roofline_file_name
 from sim.hardware.cost_model import calibrated_configs
-from sim.hardware.gpu_calibrate import fit_gpu_roofline_file, roofline_file_name
 from sim.hardware.memory import kv_budget
-from sim.hardware.profiles import ProfileSet
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PROFILES = SHARED / "profiles"
@@ -134,7 +135,7 @@ def test_unprofiled_models_on_profiled_gpus_are_labelled_transferred() -> None:
 
 
 def test_list_gpus_gives_the_roofline_error_bar() -> None:
-    from sim.catalogs import catalog_lines
+    from sim.listing import catalog_lines
 
     lines = {line.split()[0]: line for line in catalog_lines("gpus")}
     assert "uncalibrated (roofline) (A100 roofline vs measured" in lines["h200"]

@@ -15,9 +15,9 @@ pytest.importorskip("plotly", reason="report.html needs plotly (pip install 'bat
 
 from sim.cli import main  # noqa: E402
 from sim.errors import MissingDataError  # noqa: E402
+from sim.io.scenario import load_scenario  # noqa: E402
 from sim.report.html import CDF_METRICS, build_html  # noqa: E402
 from sim.runner import run  # noqa: E402
-from sim.scenario_io import load_scenario  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 SHIPPED = sorted(SCENARIOS.rglob("*.yaml"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "results" / "incident"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sim.errors import UserError
-from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, read_yaml
+from sim.hardware.calibration_files import CALIBRATION_DIR, ROOFLINE_FILE, read_yaml
 from sim.hardware.catalog import MoESpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import kv_budget

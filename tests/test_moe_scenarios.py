@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from sim.cli import main
+from sim.io.scenario import load_scenario
 from sim.runner import run
-from sim.scenario_io import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 MOE_SCENARIOS = sorted((REPO / "scenarios" / "moe").glob("*.yaml"))

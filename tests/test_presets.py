@@ -66,7 +66,7 @@ def test_unknown_preset_and_contradicting_kind_are_clear_errors() -> None:
 
 
 def test_a_policys_memory_share_sizes_its_kv_cache() -> None:
-    from sim.runner import resolve
+    from sim.resolve import resolve
 
     scenario = _scenario({"name": "x", "preset": "vllm-0.6", "gpu_memory_utilization": 0.95})
     resolved = resolve(scenario)

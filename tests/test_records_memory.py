@@ -23,7 +23,7 @@ from sim.metrics import estimate
 from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
 from sim.metrics.records import ITERATION_COLUMNS, IterationRecords, sample_every_kth
 from sim.metrics.summary import summarize_run
-from sim.runner import resolve
+from sim.resolve import resolve
 from sim.serving.engine import SimOutput, simulate
 
 MAX_ROWS = 50

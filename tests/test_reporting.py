@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.reporting import SPEEDUP_FOLDER, regenerate_results
+from sim.report.regenerate import SPEEDUP_FOLDER, regenerate_results
 
 
 def _scenario(name: str, arrival: dict, lengths: bool = True) -> dict:

@@ -12,6 +12,7 @@ import pytest
 
 import sim
 from sim.report import speedup_map as speedup_map_module
+from sim.report.regenerate import save_speedup_map, write_speedup_map
 from sim.report.speedup import speedup_markdown, speedup_table
 from sim.report.speedup_map import BURST, MapConfig, SpeedupMap, measure_map
 from sim.report.speedup_map_text import (
@@ -21,7 +22,6 @@ from sim.report.speedup_map_text import (
     map_markdown,
     wasted_share,
 )
-from sim.reporting import save_speedup_map, write_speedup_map
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 TINY = MapConfig(classes=("short", "long"), loads=(0.9,), batch_sizes=(4, 8), seeds=(0, 1),

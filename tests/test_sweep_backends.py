@@ -13,8 +13,8 @@ import pytest
 
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.io.scenario import scenario_from_dict
 from sim.runner import run
-from sim.scenario_io import scenario_from_dict
 from sim.sweeps import sweep
 from sim.sweeps.backends import open_backend, resolve_workers
 

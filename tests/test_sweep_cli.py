@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sim.cli import main
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 from sim.sweeps import sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pytest
 
 from sim.config import Scenario
 from sim.errors import UserError
-from sim.scenario_io import scenario_from_dict
+from sim.io.scenario import scenario_from_dict
 from sim.sweeps.grid import (
     expand_grid,
     normalize_params,

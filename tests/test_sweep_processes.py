@@ -171,7 +171,7 @@ def test_killed_sweep_with_threads_leaves_no_process_behind(tmp_path: Path) -> N
     # spawn, not fork: they too must die with it, and so must multiprocessing's helper.
     script = textwrap.dedent(f"""
         import threading, time
-        from sim.scenario_io import scenario_from_dict
+        from sim.io.scenario import scenario_from_dict
         from sim.sweeps import sweep
         from test_sweep_processes import SCENARIO
         if __name__ == "__main__":

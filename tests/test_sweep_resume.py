@@ -20,9 +20,9 @@ import pytest
 
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.io.scenario import scenario_from_dict
 from sim.metrics.summary import EXTRA_COLUMNS, SUMMARY_COLUMNS
 from sim.rng import RandomStreams
-from sim.scenario_io import scenario_from_dict
 from sim.sweeps.backends import WorkerDied
 from sim.sweeps.runner import run_sweep
 from sim.sweeps.store import CSV_NAME, check_folder, order_rows
@@ -207,7 +207,7 @@ def test_killed_process_leaves_whole_rows_and_resume_completes(
     base: Scenario, reference: pd.DataFrame, tmp_path: Path
 ) -> None:
     script = textwrap.dedent(f"""
-        from sim.scenario_io import scenario_from_dict
+        from sim.io.scenario import scenario_from_dict
         from sim.sweeps.runner import run_sweep
         from test_sweep_resume import BASE, PARAMS, SEEDS, dying_point
         base = scenario_from_dict(BASE)

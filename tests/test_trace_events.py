@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from sim import run
+from sim.io.scenario import load_scenario
 from sim.report.trace_events import trace_events
-from sim.scenario_io import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 

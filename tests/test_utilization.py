@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 
 import sim
 from sim.config import Scenario
-from sim.hardware.calibrate import CALIBRATION_DIR, read_yaml
+from sim.hardware.calibration_files import CALIBRATION_DIR, read_yaml, roofline_file_name
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, calibrated_configs, load_cost_model
-from sim.hardware.gpu_calibrate import roofline_file_name
 from sim.hardware.roofline import predict_linear_ms
 from sim.hardware.utilization import UTILIZATION_COLUMNS, PassWork
 from sim.metrics.summary import EXTRA_COLUMNS
-from sim.runner import resolve
+from sim.resolve import resolve
 from sim.serving.engine import simulate
 
 CONFIGS = calibrated_configs()

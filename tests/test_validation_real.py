@@ -17,7 +17,7 @@ import pytest
 from sim.cli import main
 from sim.config import FrontendConfig
 from sim.presets import VLLM_06_CPU
-from sim.runner import resolve
+from sim.resolve import resolve
 from sim.validation import load_validation_set, replay_scenario
 from sim.validation.metrics import (
     benchmark_metrics,
@@ -182,7 +182,7 @@ def test_ttft_definition_reproduces_benchmark_serving_on_the_measured_requests()
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """``python -m sim report``'s validation step, run once into a temporary results folder."""
-    from sim.reporting import regenerate_results
+    from sim.report.regenerate import regenerate_results
 
     root = tmp_path_factory.mktemp("report")
     (root / "scenarios").mkdir()

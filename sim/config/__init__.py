@@ -4,9 +4,9 @@ A scenario names a model and GPU, a workload (arrival process and length
 distributions) and the batching policies to compare on it. Every field is documented
 here (``Field(description=...)``); ``python -m sim schema`` exports them as JSON Schema.
 Derived values (KV blocks, the calibration used) live in
-:class:`sim.runner.ResolvedScenario`, never written back into this config.
+:class:`sim.resolve.ResolvedScenario`, never written back into this config.
 
-Loading and overrides live in :mod:`sim.scenario_io`.
+Loading and overrides live in :mod:`sim.io.scenario`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sim.config.base import *  # noqa: F403 - the schema's public names live her
 from sim.config.base import MAX_TOKENS, Float, Int, StrictModel
 from sim.config.disagg import *  # noqa: F403
 from sim.config.disagg import DisaggregationConfig, expand_pool_presets
+from sim.config.overrides import with_overrides
 from sim.config.policies import *  # noqa: F403
 from sim.config.policies import PolicyConfig
 from sim.config.serving import *  # noqa: F403
@@ -33,8 +34,10 @@ from sim.config.serving import (
     MetricsConfig,
     SLOConfig,
 )
+from sim.config.validation_errors import format_validation_error
 from sim.config.workload import *  # noqa: F403
 from sim.config.workload import Workload
+from sim.errors import UserError
 
 
 class Scenario(StrictModel):
@@ -113,10 +116,15 @@ class Scenario(StrictModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            from sim.errors import UserError
-            from sim.scenario_io import format_validation_error
+            raise UserError(format_validation_error(exc, Scenario)) from None
 
-            raise UserError(format_validation_error(exc)) from None
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Scenario:
+        """Validate plain data (as read from YAML); any mistake is one :class:`UserError`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise UserError(format_validation_error(exc, cls)) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -179,9 +187,9 @@ class Scenario(StrictModel):
 
         Example: ``scenario.replace(**{"workload.arrival.rate": 4.0, "policies[continuous].max_batch_size": 32})``.
         """
-        from sim.scenario_io import apply_overrides
-
-        return apply_overrides(self, overrides)
+        new = type(self).from_data(with_overrides(self.model_dump(mode="json"), overrides))
+        new._base_dir = self._base_dir
+        return new
 
 
 def _deployment_facts(data: dict[str, Any]) -> Any:

@@ -6,7 +6,7 @@ T(batch) = linear(N) + lm_head(R) + attention_prefill + attention_decode
 with N = prefill chunk tokens + one token per decode sequence and R = sequences in the
 batch (one sampled row each). Curves are monotone piecewise-linear in their argument
 and the attention forms have non-negative coefficients, so the time never decreases
-when tokens, context or sequences are added. See :mod:`sim.hardware.fitting` for the
+when tokens, context or sequences are added. See :mod:`sim.calibration.fitting` for the
 forms and :func:`load_cost_model` for where the numbers come from.
 
 The token- and row-indexed curves are also tabulated at every integer below
@@ -19,13 +19,19 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import UserError
-from sim.hardware.calibrate import CALIBRATION_DIR, ROOFLINE_FILE, calibration_filename, read_yaml
+from sim.hardware.calibration_files import (
+    CALIBRATION_DIR,
+    DECODE_TERMS,
+    LICENCE,
+    PREFILL_TERMS,
+    ROOFLINE_FILE,
+    calibration_filename,
+    read_yaml,
+    roofline_file_name,
+)
 from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
-from sim.hardware.fitting import DECODE_TERMS, PREFILL_TERMS
-from sim.hardware.gpu_calibrate import roofline_file_name
 from sim.hardware.moe import check_expert_parallel
-from sim.hardware.profiles import LICENCE
 from sim.hardware.transfer import label_for, roofline_calibration
 
 COMPONENTS = (

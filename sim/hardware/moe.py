@@ -41,7 +41,7 @@ from sim.hardware import roofline
 from sim.hardware.catalog import GPUSpec, ModelSpec, MoESpec
 
 # Fixed cost of one all-to-all (NCCL/DeepEP launch and synchronisation), the same constant
-# the PCIe all-reduce roofline uses (gpu_calibrate.PCIE_LATENCY_MS).
+# the PCIe all-reduce roofline uses (scaling.PCIE_LATENCY_MS).
 A2A_LATENCY_MS = 0.03
 # Share of the link's per-direction bandwidth a collective achieves: A100 NCCL all-reduce in
 # the Vidur profiles moves 156-174 GB/s bus bandwidth on 300 GB/s NVLink.

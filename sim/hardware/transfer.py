@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import UserError
-from sim.hardware import fitting, gpu_calibrate, moe, roofline
+from sim.hardware import moe, roofline, scaling
+from sim.hardware.calibration_files import GPU_DIRS
 from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec
 from sim.hardware.curves import running_max
-from sim.hardware.profiles import GPU_DIRS
 
 GRID_POINTS = 128
 GRID_MAX_TOKENS = 32768
@@ -65,7 +65,7 @@ def _all_reduce(roof: dict, gpu: GPUSpec, tp: int) -> dict | None:
 
 def _cpu(roof: dict, model: ModelSpec, tp: int) -> dict:
     curves = {(c["model"], c["tp"]): c for c in roof["cpu_overhead"]["curves"]}
-    src = fitting.cpu_source(curves, model, tp)
+    src = scaling.cpu_source(curves, model, tp)
     exact = src == (model.name, tp)
     how = "profiled" if exact else "not profiled; nearest TP, then nearest model size"
     return {
@@ -99,8 +99,8 @@ def _fit_error(roof: dict, model: ModelSpec) -> dict:
 def _attention(roof: dict, model: ModelSpec, gpu: GPUSpec, tp: int) -> tuple[dict, dict]:
     ref = roof["attention_reference"]
     if "attention_ratios" in roof and roof["gpu"] == gpu.name:
-        return gpu_calibrate.scaled_attention(ref, model, tp, roof["attention_ratios"])
-    return fitting.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
+        return scaling.scaled_attention(ref, model, tp, roof["attention_ratios"])
+    return scaling.scale_attention(ref["decode"], ref["prefill"], model, tp, gpu)
 
 
 def _linear_ms(eff: dict, model: ModelSpec, gpu: GPUSpec, tp: int, grid: np.ndarray, ep: int) -> np.ndarray:

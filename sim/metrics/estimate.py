@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.resolve import ResolvedScenario, resolve
+
 if TYPE_CHECKING:
     from sim.config import Scenario
-    from sim.runner import ResolvedScenario
 
 # Measured with benchmarks/bench_cli_memory.py on 2026-12-01, 2-core Intel Xeon x86-64 VM (Linux,
 # Python 3.11, pandas 3.1, numpy 2.4): continuous batching, max batch 64, calibrated Llama-2-7B;
@@ -50,7 +51,7 @@ def estimate_run(
     """Predicted (peak memory in bytes, wall seconds) of running and saving a scenario.
 
     Args:
-        target: a resolved scenario (``sim.runner.resolve``) or a Scenario (resolved here:
+        target: a resolved scenario (``sim.resolve.resolve``) or a Scenario (resolved here:
             draws the request stream, cheap next to the run).
         policies: the policy configs to run (default: all of the scenario's).
         summary_only: predict ``run(..., summary_only=True)``: one policy's records at a time,
@@ -136,6 +137,4 @@ def _load_batch(resolved: ResolvedScenario) -> float:
 
 
 def _resolved(target: ResolvedScenario | Scenario) -> ResolvedScenario:
-    from sim.runner import ResolvedScenario, resolve  # sim.runner imports this module
-
     return target if isinstance(target, ResolvedScenario) else resolve(target)

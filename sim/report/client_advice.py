@@ -428,7 +428,7 @@ def write_client_advice(out_dir: str | Path) -> pd.DataFrame:
     Returns:
         The verdict table (one row per experiment), as written to the CSV.
     """
-    from sim.outputs import CSV_FLOAT_FORMAT, atomic_file
+    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
 
     results = run_all()
     advice = advice_table(results)

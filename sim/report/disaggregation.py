@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import MissingDataError
-from sim.outputs import CSV_FLOAT_FORMAT, atomic_file
-from sim.scenario_io import load_scenario
+from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
+from sim.io.scenario import load_scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "disaggregation"
 RATES_PER_GPU = (1.5, 3.0, 4.5, 6.0)

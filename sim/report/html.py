@@ -23,7 +23,7 @@ from sim.errors import UserError
 from sim.report import series as data
 
 if TYPE_CHECKING:
-    from sim.runner import RunResult
+    from sim.result import RunData
 
 HTML_CDF_POINTS = 400
 """Points per CDF line in the page (keeps it small; the curve stays smooth)."""
@@ -54,14 +54,14 @@ def _plotly_js() -> str:
     return str(get_plotlyjs())
 
 
-def write_html(result: RunResult, path: Path) -> None:
+def write_html(result: RunData, path: Path) -> None:
     """Write :func:`build_html` of ``result`` to ``path``."""
     path.write_text(build_html(result), encoding="utf-8")
 
 
-def build_html(result: RunResult) -> str:
+def build_html(result: RunData) -> str:
     """The whole page as one string (Plotly.js, figures and styles inline)."""
-    from sim.outputs import resolved_yaml
+    from sim.io.scenario import resolved_yaml
 
     plotly_js = _plotly_js()
     figures = report_figures(result)
@@ -84,7 +84,7 @@ def build_html(result: RunResult) -> str:
             + "\n".join(body + scripts) + f"\n<script>{_RENDER}</script>\n</body>\n</html>\n")  # fmt: skip
 
 
-def report_figures(result: RunResult) -> dict[str, dict[str, Any]]:
+def report_figures(result: RunData) -> dict[str, dict[str, Any]]:
     """Plotly figure dicts by name (``ttft_s``, ``tpot_s``, ``e2e_s``, ``timeline``); none without records."""
     if result.requests.empty or result.iterations.empty:
         return {}
@@ -126,7 +126,7 @@ def cdf_figure(requests: Any, metric: str, timeout_s: float | None) -> dict[str,
     return {"data": traces, "layout": layout}
 
 
-def timeline_figure(result: RunResult) -> dict[str, Any]:
+def timeline_figure(result: RunData) -> dict[str, Any]:
     """Stacked panels sharing one zoomable time axis (range slider below), a line per policy each."""
     iterations = result.iterations
     span_s = float((iterations["start_s"] + iterations["duration_s"]).max() - iterations["start_s"].min())
@@ -177,7 +177,7 @@ def _legend(cdf: data.CdfSeries) -> str:
     return html.escape(text)
 
 
-def _facts_line(result: RunResult) -> str:
+def _facts_line(result: RunData) -> str:
     facts = result.facts
     return (f"{facts.get('requests')} requests, seed {result.seed}, {facts.get('model_hf_name')} on "
             f"{result.scenario.gpu} x{result.scenario.tensor_parallel} (replicas: {result.scenario.replicas}), "

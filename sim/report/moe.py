@@ -18,7 +18,7 @@ from sim.errors import UserError
 from sim.hardware.catalog import get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import GIB, estimate_activation_reserve_bytes, kv_budget
-from sim.outputs import atomic_file
+from sim.io.outputs import atomic_file
 
 SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "moe"
 MOE_FOLDER = "moe"
@@ -36,8 +36,8 @@ FIT_GPUS = ("a100-80gb", "h100-sxm", "h200")
 
 def write_moe_report(out_dir: Path, plots: bool, scenarios_dir: Path = SCENARIOS_DIR) -> None:
     """Run the MoE scenarios into ``out_dir/moe/`` and write ``moe.md`` (and ``moe_cost.png``)."""
+    from sim.io.scenario import load_scenario
     from sim.runner import run
-    from sim.scenario_io import load_scenario
 
     summaries = {}
     for path in sorted(scenarios_dir.glob("*.yaml")):

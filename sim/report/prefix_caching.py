@@ -19,7 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.errors import MissingDataError
-from sim.outputs import atomic_file
+from sim.io.outputs import atomic_file
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "prefix" / "mooncake_conversation.yaml"
 REPORT_REQUESTS = 2000
@@ -38,7 +38,7 @@ TABLE_COLUMNS = {
 
 def write_prefix_report(out_dir: Path, plots: bool, log: Callable[[str], None] = print) -> None:
     """Run the prefix-caching scenarios and write ``prefix_caching.md`` (and ``.png``) into ``out_dir``."""
-    from sim.scenario_io import load_scenario
+    from sim.io.scenario import load_scenario
 
     scenario = load_scenario(SCENARIO).replace(**{"workload.arrival.limit": REPORT_REQUESTS})
     try:
@@ -79,7 +79,7 @@ def _size_sweep(scenario: object) -> pd.DataFrame:
 
 def _reuse_bound(result: object) -> float:
     """Hit rate of an unbounded cache serving the requests one after another (from the hash ids)."""
-    from sim.runner import resolve
+    from sim.resolve import resolve
     from sim.workload.content import reuse_bound_tokens
 
     resolved = resolve(result.scenario)  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from sim.config import Scenario, SpeculativeConfig
 from sim.hardware.cost_model import CostModel, load_cost_model
-from sim.outputs import atomic_file
+from sim.io.outputs import atomic_file
 from sim.serving.spec_acceptance import AcceptanceTrace, mean_tokens_per_step
 from sim.serving.speculative import Speculation
 

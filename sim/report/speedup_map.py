@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_backend
 from sim.sweeps.capacity import capacity
 from sim.sweeps.tasks import Task, TaskResult, build_scenario, execute, scenario_dict

@@ -33,7 +33,7 @@ import pandas as pd
 
 from sim.config import ConstantArrival, GammaArrival, PoissonArrival, Scenario
 from sim.errors import UserError, did_you_mean
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_backend
 from sim.sweeps.capacity_search import SearchOutcome, search_rate
 from sim.sweeps.grid import normalize_seeds

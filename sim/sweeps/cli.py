@@ -117,7 +117,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, list[int]]:
-    from sim.scenario_io import load_scenario, parse_set_options
+    from sim.io.scenario import load_scenario, parse_set_options
     from sim.sweeps.grid import parse_seeds_option
 
     scenario = load_scenario(args.file, parse_set_options(args.overrides))
@@ -256,7 +256,7 @@ def parse_slo_options(items: list[str]) -> dict[str, float]:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """Search each policy's capacity, print the table, write capacity.csv/.md."""
-    from sim.outputs import CSV_FLOAT_FORMAT, atomic_folder
+    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
     from sim.sweeps.capacity import capacity
     from sim.sweeps.outputs import capacity_markdown, capacity_table
     from sim.sweeps.store import check_folder

@@ -18,8 +18,8 @@ import numpy as np
 import yaml
 
 from sim.config import Scenario
+from sim.config.overrides import split_path
 from sim.errors import UserError
-from sim.scenario_io import split_path
 
 RESERVED_COLUMNS = ("seed", "point", "error")
 """Columns the sweep table adds itself; a parameter may not use these names."""

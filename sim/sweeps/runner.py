@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.io.scenario import load_scenario
 from sim.metrics.summary import EXTRA_COLUMNS, SUMMARY_COLUMNS
-from sim.scenario_io import load_scenario
 from sim.sweeps.backends import open_backend
 from sim.sweeps.grid import (
     describe_point,

@@ -19,7 +19,7 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import UserError
-from sim.scenario_io import load_scenario
+from sim.io.scenario import load_scenario
 from sim.sweeps.capacity import find_capacity
 
 SPLIT_COLUMNS = ("deployment", "prefill_gpus", "decode_gpus", "gpus", "rate_rps", "capacity_per_gpu",

@@ -11,7 +11,7 @@ from sim.config import Scenario
 
 def run_split_search(args: argparse.Namespace, scenario: Scenario, seeds: list[int], out: Path) -> int:
     """Search every prefill:decode split of ``args.split_gpus`` GPUs; print it, write split.csv/.md."""
-    from sim.outputs import CSV_FLOAT_FORMAT, atomic_folder
+    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
     from sim.sweeps.capacity import CapacitySpec
     from sim.sweeps.cli import parse_slo_options, sigterm_as_interrupt
     from sim.sweeps.split import split_markdown, split_search

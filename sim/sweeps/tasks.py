@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from sim.config import Scenario
-from sim.scenario_io import scenario_from_dict, scenario_to_dict
+from sim.io.scenario import scenario_from_dict, scenario_to_dict
 
 PointFn = Callable[[Scenario, Sequence[str] | None], pd.DataFrame]
 """``(scenario, policies or None) -> summary`` with one row per policy, in scenario order."""

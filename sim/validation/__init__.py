@@ -12,9 +12,25 @@ benchmark_serving computes them; :func:`validate_set` puts measured next to simu
 
 from __future__ import annotations
 
-from sim.validation.data import RealRun, load_validation_set
-from sim.validation.metrics import benchmark_metrics
-from sim.validation.replay import replay_run, replay_scenario
-from sim.validation.report import validate_set
+from typing import TYPE_CHECKING
+
+from sim.lazy import lazy_attributes
 
 __all__ = ["RealRun", "load_validation_set", "benchmark_metrics", "replay_run", "replay_scenario", "validate_set"]
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "RealRun": "sim.validation.data",
+        "load_validation_set": "sim.validation.data",
+        "benchmark_metrics": "sim.validation.metrics",
+        "replay_run": "sim.validation.replay",
+        "replay_scenario": "sim.validation.replay",
+        "validate_set": "sim.validation.report",
+    },
+)
+
+if TYPE_CHECKING:
+    from sim.validation.data import RealRun, load_validation_set
+    from sim.validation.metrics import benchmark_metrics
+    from sim.validation.replay import replay_run, replay_scenario
+    from sim.validation.report import validate_set

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import UserError
-from sim.outputs import CSV_FLOAT_FORMAT, atomic_file
+from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
 from sim.validation.data import RealRun, load_validation_set
 from sim.validation.metrics import METRICS
 from sim.validation.replay import catalog_names, measured_metrics, replay_run, simulated_metrics

@@ -51,9 +51,8 @@ def _gpus() -> list[str]:
 def _gpu_cost_model(gpu: str) -> str:
     """How ``gpu`` is priced, with the error bar of an uncalibrated (roofline) GPU: the
     A100 roofline's cross-prediction error on the profiled non-A100 GPUs."""
-    from sim.hardware.calibrate import CALIBRATION_DIR, read_yaml
+    from sim.hardware.calibration_files import CALIBRATION_DIR, read_yaml, roofline_file_name
     from sim.hardware.cost_model import calibrated_configs
-    from sim.hardware.gpu_calibrate import roofline_file_name
 
     count = sum(1 for _, g, _ in calibrated_configs() if g == gpu)
     if count:

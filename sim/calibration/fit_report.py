@@ -2,7 +2,7 @@
 
 ``calibration_report`` covers one (model, TP): linear ops, attention (decode and
 prefill), all-reduce and CPU overhead, each scored on held-out profile rows (see
-:mod:`sim.hardware.holdout`), with the curves plotted over the profile points.
+:mod:`sim.calibration.holdout`), with the curves plotted over the profile points.
 ``transfer_report`` covers the roofline: each profiled model predicted from
 efficiencies fitted on the other five.
 """
@@ -19,15 +19,20 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from sim.hardware import fitting, holdout, roofline  # noqa: E402
-from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
-from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
-from sim.hardware.profiles import (  # noqa: E402
+from sim.calibration import (  # noqa: E402
+    fitting,
+    holdout,
+    roofline_fit,  # noqa: E402
+)
+from sim.calibration.profiles import (  # noqa: E402
     GPU_TITLES,
     ProfileSet,
     all_reduce_file,
     licence,
 )
+from sim.hardware import scaling  # noqa: E402
+from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
+from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
 
 # Decode batches (sequences, context tokens each) at which the share of transferred
 # attention in a step is reported for GPUs without an attention profile.
@@ -104,7 +109,7 @@ def calibration_report(
 
 
 def _transferred_share_lines(profiles: ProfileSet, model: str, tp: int) -> list[str]:
-    from sim.hardware.calibrate import calibrate  # calibrate imports nothing from here
+    from sim.calibration.calibrate import calibrate  # calibrate imports nothing from here
     from sim.hardware.cost_model import CostModel
 
     data = calibrate(profiles, model, profiles.gpu, tp)
@@ -169,7 +174,7 @@ def _plot_all_reduce(ax: Axes, profiles: ProfileSet, tp: int) -> None:
 
 def _plot_cpu(ax: Axes, profiles: ProfileSet, model: str, tp: int) -> None:
     cpu = profiles.cpu()
-    src_model, src_tp = fitting.cpu_source(fitting.cpu_pairs(cpu), get_model(model), tp)
+    src_model, src_tp = scaling.cpu_source(fitting.cpu_pairs(cpu), get_model(model), tp)
     rows = cpu[(cpu["model"] == src_model) & (cpu["tp"] == src_tp)]
     knots = fitting.cpu_points(cpu, src_model, src_tp)
     ylabel = f"CPU overhead, {src_model} TP{src_tp} (ms)"
@@ -281,7 +286,7 @@ def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Pat
     tables = profiles.all_mlp(extra=not reference)
     target = TRANSFER_TARGET if reference else GPU_TRANSFER_TARGET
     stem = "transfer_loo" if reference else f"transfer_loo_{gpu.name}"
-    loo = roofline.leave_one_model_out(tables, gpu)
+    loo = roofline_fit.leave_one_model_out(tables, gpu)
     png = out_dir / f"{stem}.png"
     _plot_transfer(tables, gpu, png)
     lines = [
@@ -311,7 +316,7 @@ def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Pat
 def _plot_transfer(tables: dict, gpu: GPUSpec, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     for ax, name in zip(axes.flat, tables, strict=False):
-        pairs = roofline.transfer_pairs(tables, name, gpu)
+        pairs = roofline_fit.transfer_pairs(tables, name, gpu)
         for tp, color in zip(
             sorted(set(pairs["tp"])),
             ("tab:blue", "tab:orange", "tab:green", "tab:red"),

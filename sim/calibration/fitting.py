@@ -1,4 +1,4 @@
-"""Fitting each cost component to the profile tables of :mod:`sim.hardware.profiles`.
+"""Fitting each cost component to the profile tables of :mod:`sim.calibration.profiles`.
 
 All times are per-layer or per-iteration milliseconds, as in the profiles.
 
@@ -29,24 +29,17 @@ All times are per-layer or per-iteration milliseconds, as in the profiles.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
 import numpy as np
 import pandas as pd
 
-from sim.hardware.catalog import GPUS, GPUSpec, ModelSpec, get_model
+from sim.hardware.calibration_files import DECODE_TERMS, PREFILL_TERMS
+from sim.hardware.catalog import ModelSpec
 from sim.hardware.curves import isotonic, log_spaced_indices
-from sim.hardware.profiles import LAYER_OPS
+from sim.hardware.roofline import LAYER_OPS
 
 FIT_MIN_MS = 0.05
-# Geometry of the attention profile, per GPU (Llama-2-70B at TP 2).
-REFERENCE_Q_HEADS, REFERENCE_KV_HEADS, REFERENCE_HEAD_DIM, REFERENCE_DTYPE_BYTES = 32, 4, 128, 2
-REFERENCE_GPU = "a100-80gb"
 ALL_REDUCE_KNOTS = 40
 
-DECODE_TERMS = ("launch_ms", "per_seq_ms", "per_kv_token_ms")
-PREFILL_TERMS = ("launch_ms", "per_token_ms", "per_work_ms", "per_sq_token_ms")
 
 
 # --------------------------------------------------------------------------- linear ops
@@ -131,53 +124,6 @@ def prefill_ms(coef: dict[str, float], chunk_tokens: np.ndarray, work: np.ndarra
     return prefill_features(chunk_tokens, work) @ np.array([coef[k] for k in PREFILL_TERMS])
 
 
-def attention_scales(model: ModelSpec, tp: int, gpu: GPUSpec) -> dict[str, float]:
-    """Factors from the reference geometry and A100 to ``model`` at ``tp`` on ``gpu``.
-
-    ``q``: query heads x head dim per GPU (prefill FLOPs, per-sequence work);
-    ``kv``: KV bytes per token per GPU (decode reads); ``flops``/``bandwidth``: A100 peak
-    over this GPU's peak.
-    """
-    ref = GPUS[REFERENCE_GPU]
-    q = model.q_heads_per_gpu(tp) * model.head_dim / (REFERENCE_Q_HEADS * REFERENCE_HEAD_DIM)
-    kv = (
-        model.kv_heads_per_gpu(tp)
-        * model.head_dim
-        * model.dtype_bytes
-        / (REFERENCE_KV_HEADS * REFERENCE_HEAD_DIM * REFERENCE_DTYPE_BYTES)
-    )
-    return {
-        "q": q,
-        "kv": kv,
-        "flops": ref.peak_bf16_tflops / gpu.peak_bf16_tflops,
-        "bandwidth": ref.hbm_gb_per_s / gpu.hbm_gb_per_s,
-    }
-
-
-def scale_attention(
-    decode: dict[str, float], prefill: dict[str, float], model: ModelSpec, tp: int, gpu: GPUSpec
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Reference-geometry coefficients carried over to ``model`` at ``tp`` on ``gpu``.
-
-    Launch costs stay; per-sequence and per-token terms scale with query width and
-    memory bandwidth, KV reads with KV bytes and bandwidth, FLOP terms with query width
-    and peak FLOP/s.
-    """
-    s = attention_scales(model, tp, gpu)
-    dec = {
-        "launch_ms": decode["launch_ms"],
-        "per_seq_ms": decode["per_seq_ms"] * s["q"] * s["bandwidth"],
-        "per_kv_token_ms": decode["per_kv_token_ms"] * s["kv"] * s["bandwidth"],
-    }
-    pre = {
-        "launch_ms": prefill["launch_ms"],
-        "per_token_ms": prefill["per_token_ms"] * s["q"] * s["bandwidth"],
-        "per_work_ms": prefill["per_work_ms"] * s["q"] * s["flops"],
-        "per_sq_token_ms": prefill["per_sq_token_ms"] * s["q"] * s["flops"],
-    }
-    return dec, pre
-
-
 # --------------------------------------------------------------------------- all-reduce
 def all_reduce_knots(
     table: pd.DataFrame, count: int = ALL_REDUCE_KNOTS
@@ -196,22 +142,6 @@ def all_reduce_knots(
 
 
 # --------------------------------------------------------------------------- CPU overhead
-def cpu_source(pairs: Iterable[tuple[str, int]], model: ModelSpec, tp: int) -> tuple[str, int]:
-    """The profiled (model, TP) whose CPU overhead stands in for ``model`` at ``tp``.
-
-    Exact match if profiled; else the nearest TP (CPU time grows with the workers to
-    drive), then the nearest model size (sampler and bookkeeping grow with the model).
-    """
-
-    def distance(pair: tuple[str, int]) -> tuple[float, float]:
-        ref_model, ref_tp = pair
-        size = abs(math.log(model.num_params / get_model(ref_model).num_params))
-        return abs(math.log2(tp) - math.log2(ref_tp)), size
-
-    best = min(sorted(set(pairs)), key=distance)
-    return str(best[0]), int(best[1])
-
-
 def cpu_pairs(cpu: pd.DataFrame) -> list[tuple[str, int]]:
     """The (model, TP) pairs with a CPU-overhead profile."""
     return sorted({(str(m), int(t)) for m, t in zip(cpu["model"], cpu["tp"], strict=True)})

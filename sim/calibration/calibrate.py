@@ -18,22 +18,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.calibration import fitting, gpu_calibrate, holdout, roofline_fit
+from sim.calibration.profiles import ATTENTION_FILE, CPU_FILE, ProfileSet, all_reduce_file, licence, mlp_file
 from sim.errors import UserError
-from sim.hardware import fitting, gpu_calibrate, holdout, roofline
+from sim.hardware import scaling
+from sim.hardware.calibration_files import GPU_DIRS, LICENCE
 from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model
-from sim.hardware.profiles import (
-    ATTENTION_FILE,
-    CPU_FILE,
-    GPU_DIRS,
-    LICENCE,
-    ProfileSet,
-    all_reduce_file,
-    licence,
-    mlp_file,
-)
 
-CALIBRATION_DIR = Path(__file__).resolve().parent / "calibrations"
-ROOFLINE_FILE = "a100-80gb_roofline.yaml"
 PROFILED_GPU = "a100-80gb"
 ALL_REDUCE_GPUS = (2, 4, 8, 16)
 # GPUs with linear-op profiles; all but the A100 take attention and CPU time from it.
@@ -59,11 +50,6 @@ CPU_NOTE = (
     "in the batch; Ray driver time (ray_comm_time, ~6.3 ms at TP>1 in Vidur's engine) is left "
     "out: current engines drive TP workers without a Ray round trip per step"
 )
-
-
-def calibration_filename(model: str, gpu: str, tp: int) -> str:
-    """File name of the calibration of (model, GPU, TP), e.g. ``llama-2-7b_a100-80gb_tp1.yaml``."""
-    return f"{model}_{gpu}_tp{tp}.yaml"
 
 
 def _r(values: Any, digits: int = 5) -> list[float]:
@@ -104,10 +90,10 @@ def _lm_head_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
 
 
 def _attention_section(reference: dict, model: ModelSpec, tp: int, gpu: str) -> dict:
-    dec, pre = fitting.scale_attention(
+    dec, pre = scaling.scale_attention(
         reference["decode"], reference["prefill"], model, tp, get_gpu(gpu)
     )
-    scales = fitting.attention_scales(model, tp, get_gpu(gpu))
+    scales = scaling.attention_scales(model, tp, get_gpu(gpu))
     note = (
         f"per layer; fitted on the Llama-2-70B TP2 FlashAttention profile (32 query / 4 KV "
         f"heads per GPU, head dim 128) and scaled to {model.q_heads_per_gpu(tp)} query / "
@@ -125,7 +111,7 @@ def reference_attention(profiles: ProfileSet) -> dict:
     return {"decode": fitting.fit_decode(dec), "prefill": fitting.fit_prefill(pre)}
 
 
-def _all_reduce_section(profiles: ProfileSet, tp: int) -> dict | None:
+def all_reduce_section(profiles: ProfileSet, tp: int) -> dict | None:
     if tp == 1:
         return None
     if all_reduce_file(profiles.gpu) is None:
@@ -147,7 +133,7 @@ def _all_reduce_section(profiles: ProfileSet, tp: int) -> dict | None:
 
 
 def _cpu_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
-    src_model, src_tp = fitting.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
+    src_model, src_tp = scaling.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
     xs, ys = fitting.cpu_points(profiles.cpu(), src_model, src_tp)
     exact = (src_model, src_tp) == (model.name, tp)
     how = "profiled" if exact else "not profiled; nearest TP, then nearest model size"
@@ -175,7 +161,7 @@ def _fit_errors(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
 
 def _transferred_attention_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
     ratios = gpu_calibrate.measured_time_ratios(profiles, ProfileSet(profiles.root))
-    dec, pre = gpu_calibrate.scaled_attention(reference_attention(profiles), model, tp, ratios)
+    dec, pre = scaling.scaled_attention(reference_attention(profiles), model, tp, ratios)
     note = (
         f"per layer; not profiled on {profiles.gpu}: the A100 fit (Llama-2-70B TP2 "
         f"FlashAttention) scaled to {model.q_heads_per_gpu(tp)} query / "
@@ -238,7 +224,7 @@ def _assemble(profiles: ProfileSet, spec: ModelSpec, gpu: str, tp: int) -> dict:
         "linear": _linear_section(profiles, spec, tp),
         "lm_head": _lm_head_section(profiles, spec, tp),
         "attention": attention,
-        "all_reduce": _all_reduce_section(profiles, tp),
+        "all_reduce": all_reduce_section(profiles, tp),
         "cpu_overhead": cpu,
         "fit_error": _fit_errors(profiles, spec, tp),
     }
@@ -278,8 +264,8 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
         "source": LICENCE,
         "command": "python -m sim calibrate --all",
         "efficiency": {
-            "note": roofline.EFFICIENCY_NOTE,
-            **roofline.fit_efficiencies(profiles.all_mlp(), gpu),
+            "note": roofline_fit.EFFICIENCY_NOTE,
+            **roofline_fit.fit_efficiencies(profiles.all_mlp(), gpu),
         },
         "attention_reference": {
             "note": "per layer, 32 query / 4 KV heads per GPU, head dim 128 "
@@ -293,7 +279,7 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
             "note": "per-layer linear-op sum of each profiled model predicted from efficiencies "
             "fitted on the other five, over all its TP degrees and token counts (rows above "
             "0.05 ms)",
-            **roofline.leave_one_model_out(profiles.all_mlp(), gpu),
+            **roofline_fit.leave_one_model_out(profiles.all_mlp(), gpu),
         },
         "fit_error": _roofline_fit_errors(profiles),
     }
@@ -302,7 +288,7 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
 def _all_reduce_curves(profiles: ProfileSet) -> dict[str, dict]:
     curves = {}
     for n in ALL_REDUCE_GPUS:
-        section = _all_reduce_section(profiles, n) or {}
+        section = all_reduce_section(profiles, n) or {}
         curves[str(n)] = {k: v for k, v in section.items() if k != "note"}
     return curves
 
@@ -337,22 +323,3 @@ def write_yaml(data: dict, path: str | Path) -> Path:
     )
     path.write_text(text)
     return path
-
-
-def read_yaml(path: str | Path) -> dict:
-    """Read a calibration or roofline file.
-
-    Raises:
-        UserError: missing file, invalid YAML, or not a mapping.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"calibration file not found: {path}")
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict) or "format" not in data:
-        raise UserError(f"{path}: not a batchsim calibration file (no 'format' key)")
-    return data

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sim.hardware import fitting
+from sim.calibration import fitting
+from sim.calibration.profiles import GPU_TITLES, ProfileSet, all_reduce_file
+from sim.hardware import scaling
 from sim.hardware.catalog import ModelSpec
 from sim.hardware.curves import PiecewiseLinear, error_summary, isotonic
-from sim.hardware.profiles import GPU_TITLES, ProfileSet, all_reduce_file
 
 
 @dataclass(frozen=True)
@@ -142,5 +143,5 @@ def component_holdouts(profiles: ProfileSet, model: ModelSpec, tp: int) -> list[
     ]
     if tp > 1 and all_reduce_file(profiles.gpu):
         results.append(all_reduce_holdout(profiles.all_reduce(tp), tp, profiles.gpu))
-    source = fitting.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
+    source = scaling.cpu_source(fitting.cpu_pairs(profiles.cpu()), model, tp)
     return [*results, cpu_holdout(profiles.cpu(), *source)]

@@ -7,7 +7,7 @@ length classes are there, the speedup map ``results/speedup_map.{csv,md}`` and
 in ``../shared/validation`` are replayed into ``results/validation/`` (skipped, saying so, where
 absent). A scenario
 whose trace is not on this machine is skipped with a message, not an error. Every
-scenario is loaded and its folder checked (:func:`sim.outputs.check_output_dir`) before
+scenario is loaded and its folder checked (:func:`sim.io.outputs.check_output_dir`) before
 the first simulation, so a folder that must not be replaced fails the report at once.
 """
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.errors import MissingDataError
-from sim.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
-from sim.scenario_io import load_scenario
+from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
+from sim.io.scenario import load_scenario
 
 if TYPE_CHECKING:
     from sim.report.speedup_map import MapConfig, SpeedupMap

@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import UserError
+from sim.hardware.calibration_files import GPU_DIRS, LICENCE
+from sim.hardware.roofline import LAYER_OPS
 
 # batchsim name -> stem of a100/mlp/<stem>.csv
 MLP_PROFILES: dict[str, str] = {
@@ -32,7 +34,6 @@ EXTRA_MLP_PROFILES: dict[str, str] = {
     "qwen-72b": "Qwen_Qwen-72B",
 }
 # batchsim GPU -> folder of its profiles; only the A100 has attention and CPU profiles.
-GPU_DIRS: dict[str, str] = {"a100-80gb": "a100", "h100-sxm": "h100", "a40": "a40"}
 GPU_TITLES: dict[str, str] = {"a100-80gb": "A100-80GB", "h100-sxm": "H100-80GB", "a40": "A40-48GB"}
 # batchsim name -> model_name in cpu_overheads.csv (catalog models only)
 CPU_PROFILES: dict[str, str] = {
@@ -41,18 +42,6 @@ CPU_PROFILES: dict[str, str] = {
     "codellama-34b": "codellama/CodeLlama-34b-Instruct-hf",
     "llama-2-70b": "meta-llama/Llama-2-70b-hf",
 }
-# Per-layer ops of the MLP profile, in forward order ("emb" runs once per model).
-LAYER_OPS = (
-    "input_layernorm",
-    "attn_pre_proj",
-    "attn_rope",
-    "attn_post_proj",
-    "post_attention_layernorm",
-    "mlp_up_proj",
-    "mlp_act",
-    "mlp_down_proj",
-    "add",
-)
 CPU_PARTS = (
     "schedule_median",
     "prepare_inputs_e2e_median",
@@ -62,7 +51,6 @@ CPU_PARTS = (
 ATTENTION_FILE = "a100/attention_llama-2-70b_tp2.csv"
 ALL_REDUCE_FILE = "a100/all_reduce_dgx.csv"
 CPU_FILE = "a100/cpu_overheads.csv"
-LICENCE = "derived from Microsoft Vidur A100 profiles (MIT)"
 
 
 def mlp_file(model: str, gpu: str = "a100-80gb") -> str:

@@ -1,4 +1,4 @@
-"""Writing a RunResult to disk: atomically, and never over files batchsim did not write.
+"""Writing a RunData to disk: atomically, and never over files batchsim did not write.
 
 Replacement rule: an output folder that already exists is replaced only when it is empty or
 is a batchsim output folder: every entry is a regular file named in :data:`RESULT_FILES`
@@ -46,16 +46,16 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import yaml
 
 from sim.errors import UserError
-from sim.scenario_io import scenario_to_dict
+from sim.io.scenario import resolved_yaml
 
 if TYPE_CHECKING:
-    from sim.runner import RunResult
+    from sim.result import RunData
 
 CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far finer than the model's accuracy
 
@@ -76,7 +76,7 @@ RESULT_FILES = frozenset(
 )
 
 
-def _timeout_s(result: RunResult) -> float | None:
+def _timeout_s(result: RunData) -> float | None:
     """The client timeout of the run's scenario (None: clients never give up)."""
     client = result.scenario.client
     return client.timeout_s if client else None
@@ -320,7 +320,7 @@ def _tmp_prefix(target: Path) -> str:
 
 # --------------------------------------------------------------------------- writing a result
 def save_result(
-    result: RunResult,
+    result: RunData,
     out_dir: Path,
     *,
     plots: bool = True,
@@ -349,11 +349,11 @@ def save_result(
     return out_dir
 
 
-def write_benchmark_json(result: RunResult, path: Path) -> None:
+def write_benchmark_json(result: RunData, path: Path) -> None:
     """``benchmark.json``: per policy, vLLM benchmark_serving's result keys (:mod:`sim.metrics.benchmark`)."""
     import json
 
-    from sim import __version__
+    from sim.version import __version__
 
     facts = result.facts
     document = {
@@ -371,7 +371,7 @@ def write_benchmark_json(result: RunResult, path: Path) -> None:
     path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
 
 
-def write_trace(result: RunResult, path: Path) -> None:
+def write_trace(result: RunData, path: Path) -> None:
     """The run as a Chrome trace-event file (see :mod:`sim.report.trace_events`)."""
     import json
 
@@ -383,7 +383,7 @@ def write_trace(result: RunResult, path: Path) -> None:
         json.dump(document, handle, separators=(",", ":"))
 
 
-def write_tables(result: RunResult, folder: Path) -> None:
+def write_tables(result: RunData, folder: Path) -> None:
     """summary.csv/.md, requests.csv, iterations.csv (sampled if huge), scenario.resolved.yaml."""
     from sim.report.tables import summary_markdown
 
@@ -401,7 +401,7 @@ def deployment_text(gpu: str, tensor_parallel: int, replicas: int) -> str:
     return f"{gpu}, TP {tensor_parallel} x {replicas} replica{'s' if replicas != 1 else ''}"
 
 
-def _summary_md(result: RunResult, render: Callable[[pd.DataFrame], str]) -> str:
+def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
     facts, scenario = result.facts, result.scenario
     head = f"# {scenario.name}\n\n"
     head += (f"{facts['requests']} requests, seed {result.seed}, {facts['model_hf_name']} on "
@@ -411,20 +411,7 @@ def _summary_md(result: RunResult, render: Callable[[pd.DataFrame], str]) -> str
     return head + render(result.summary) + "\n"
 
 
-def resolved_yaml(result: RunResult) -> str:
-    """The scenario with every default filled in, plus seed, version and derived facts."""
-    from sim import __version__
-
-    document: dict[str, Any] = {
-        "batchsim_version": __version__,
-        "seed": result.seed,
-        "derived": dict(result.facts),
-        "scenario": scenario_to_dict(result.scenario),
-    }
-    return yaml.safe_dump(document, sort_keys=False)
-
-
-def write_plots(result: RunResult, folder: Path) -> None:
+def write_plots(result: RunData, folder: Path) -> None:
     """The standard figures of a run: latency CDFs, batch/KV timeline, throughput over time."""
     from sim.report import plots
 

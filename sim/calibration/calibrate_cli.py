@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim.errors import UserError
-from sim.hardware import calibrate, gpu_calibrate
-from sim.hardware.profiles import ProfileSet
+from sim.hardware.calibration_files import (
+    CALIBRATION_DIR,
+    GPU_DIRS,
+    ROOFLINE_FILE,
+    calibration_filename,
+    roofline_file_name,
+)
+
+if TYPE_CHECKING:  # the fitting modules need pandas and scipy: loaded by the command, not by --help
+    from sim.calibration.profiles import ProfileSet
+
+PROFILED_GPU = "a100-80gb"
 
 DEFAULT_PROFILES = "../shared/profiles"
 DEFAULT_REPORT_DIR = "results/calibration"
@@ -69,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         UserError: missing --model without --all, or anything the fit rejects.
     """
+    from sim.calibration.profiles import ProfileSet
+
     profiles = ProfileSet(args.profiles)
     if args.all:
         return _run_all(profiles, args)
@@ -76,11 +89,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "give --model (or --all to regenerate every committed calibration)", field="model"
         )
-    gpu = args.gpu or calibrate.PROFILED_GPU
+    gpu = args.gpu or PROFILED_GPU
     out = (
         Path(args.out)
         if args.out
-        else calibrate.CALIBRATION_DIR / calibrate.calibration_filename(args.model, gpu, args.tp)
+        else CALIBRATION_DIR / calibration_filename(args.model, gpu, args.tp)
     )
     _check_out_file(out)
     _calibrate_one(profiles, args.model, gpu, args.tp, out, args)
@@ -99,10 +112,13 @@ def _check_out_file(out: Path) -> None:
 def _calibrate_one(
     profiles: ProfileSet, model: str, gpu: str, tp: int, out: Path, args: argparse.Namespace
 ) -> None:
+    from sim.calibration import calibrate
+    from sim.calibration.profiles import ProfileSet
+
     data = calibrate.calibrate(profiles, model, gpu, tp)
     print(f"wrote {calibrate.write_yaml(data, out)}")
     if args.report:
-        from sim.hardware import fit_report  # matplotlib: only when a report is asked for
+        from sim.calibration import fit_report  # matplotlib: only when a report is asked for
 
         gpu_profiles = ProfileSet(profiles.root, gpu)
         text, md, png = fit_report.calibration_report(gpu_profiles, model, tp, args.report_dir)
@@ -111,33 +127,34 @@ def _calibrate_one(
 
 
 def _run_gpu(profiles: ProfileSet, gpu: str, args: argparse.Namespace) -> None:
-    if gpu not in calibrate.PROFILED_GPUS:
-        raise UserError(
-            f"--gpu = '{gpu}': no profiles; profiled: {', '.join(calibrate.PROFILED_GPUS)}",
-            field="gpu",
-        )
-    if gpu == calibrate.PROFILED_GPU:
+    from sim.calibration import calibrate, gpu_roofline
+
+    if gpu not in GPU_DIRS:
+        raise UserError(f"--gpu = '{gpu}': no profiles; profiled: {', '.join(GPU_DIRS)}", field="gpu")
+    if gpu == PROFILED_GPU:
         roof = calibrate.fit_roofline_file(profiles)
-        path = calibrate.CALIBRATION_DIR / calibrate.ROOFLINE_FILE
+        path = CALIBRATION_DIR / ROOFLINE_FILE
     else:
-        roof = gpu_calibrate.fit_gpu_roofline_file(profiles.root, gpu)
-        path = calibrate.CALIBRATION_DIR / gpu_calibrate.roofline_file_name(gpu)
+        roof = gpu_roofline.fit_gpu_roofline_file(profiles.root, gpu)
+        path = CALIBRATION_DIR / roofline_file_name(gpu)
     print(f"wrote {calibrate.write_yaml(roof, path)}")
     kept, skipped = calibrate.committed_configs(profiles, gpu)
     for line in skipped:
         print(line)
     for model, tp in kept:
-        out = calibrate.CALIBRATION_DIR / calibrate.calibration_filename(model, gpu, tp)
+        out = CALIBRATION_DIR / calibration_filename(model, gpu, tp)
         _calibrate_one(profiles, model, gpu, tp, out, args)
 
 
 def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
-    gpus = [args.gpu] if args.gpu else list(calibrate.PROFILED_GPUS)
+    from sim.calibration.profiles import ProfileSet
+
+    gpus = [args.gpu] if args.gpu else list(GPU_DIRS)
     for gpu in gpus:
         _run_gpu(profiles, gpu, args)
     if not args.report:
         return 0
-    from sim.hardware import fit_report
+    from sim.calibration import fit_report
 
     for gpu in gpus:
         text, md, png = fit_report.transfer_report(ProfileSet(profiles.root, gpu), args.report_dir)

@@ -1,0 +1,173 @@
+"""Everything derived from a scenario before any simulation: hardware, KV budget, cost model, requests.
+
+:func:`resolve` is the first half of a run (:func:`sim.runner.run` simulates on what it
+returns); capacity searches, size estimates and the disaggregated engine use it alone.
+Derived values live in :class:`ResolvedScenario` and are never written back into the scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.checks import check_arrival_span, check_context_window
+from sim.config import Scenario
+from sim.config.policies import RESERVE_KINDS
+from sim.errors import UserError
+from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.hardware.cost_model import CostModel, load_cost_model
+from sim.hardware.draft import draft_cost_models
+from sim.hardware.memory import KVBudget, kv_budget
+from sim.hardware.utilization import PassWork
+from sim.workload.source import build_request_stream
+from sim.workload.stream import RequestStream
+
+
+@dataclass(frozen=True)
+class ResolvedScenario:
+    """Everything derived from a scenario before simulating: never written back into it."""
+
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GPUSpec
+    kv: KVBudget
+    cost_model: CostModel
+    stream: RequestStream
+    max_model_len: int = 0
+    over_length: np.ndarray | None = None
+    """Requests longer than ``max_model_len``, refused when sent (``over_length: reject``); None: none."""
+    gpu_cost_model: CostModel | None = None
+    """The cost model without CPU time, for policies with their own ``engine_cpu`` model."""
+    draft_cost_models: dict[str, CostModel] = field(default_factory=dict)
+    """Draft model cost models of policies with speculative decoding by a draft model, by policy name."""
+
+    def kv_for(self, policy: Any) -> KVBudget:
+        """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization."""
+        utilization = getattr(policy, "gpu_memory_utilization", None)
+        if utilization is None or self.kv.pinned:
+            return self.kv
+        return _kv_budget(self.scenario, self.model, self.gpu, utilization)
+
+    def engine_kwargs(self, policy: Any) -> dict[str, Any]:
+        """Everything :func:`sim.serving.engine.simulate` needs beyond the stream and the policy."""
+        scenario, kv, engine_cpu = self.scenario, self.kv_for(policy), getattr(policy, "engine_cpu", None)
+        return {
+            "cost_model": self.gpu_cost_model if engine_cpu is not None else self.cost_model,
+            "kv_blocks": kv.num_blocks,
+            "block_size": kv.block_size,
+            "replicas": scenario.replicas,
+            "router": scenario.router,
+            "client": scenario.client,
+            "admission": scenario.admission,
+            "seed": scenario.seed,
+            "refuse": self.over_length,
+            "engine_cpu": engine_cpu,
+            "frontend": scenario.frontend,
+            "draft_cost_model": self.draft_cost_models.get(policy.name),
+            "merge_decode_steps": scenario.engine.merge_decode_steps,
+            "prefix_caching": prefix_caching_on(scenario, policy),
+            "router_load_cap": scenario.router_load_cap,
+        }
+
+    @property
+    def pass_work(self) -> PassWork:
+        """FLOPs and HBM bytes per forward pass of this model on one replica (MFU and MBU)."""
+        return PassWork.of(self.model, self.gpu, self.scenario.tensor_parallel)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs used by the whole deployment (replicas x tensor parallel)."""
+        return self.scenario.replicas * self.scenario.tensor_parallel
+
+    def facts(self) -> dict[str, Any]:
+        """Derived values recorded next to the resolved scenario in the output folder."""
+        return {
+            "model_hf_name": self.model.hf_name,
+            "weights_gb_per_gpu": round(self.kv.weight_bytes_per_gpu / 1e9, 3),
+            "kv_bytes_per_token": self.kv.bytes_per_token,
+            "kv_blocks_per_replica": self.kv.num_blocks,
+            "kv_capacity_tokens_per_replica": self.kv.capacity_tokens,
+            "kv_blocks_pinned": self.kv.pinned,
+            "cost_model": self.cost_model.label,
+            "calibration": self.cost_model.source,
+            "num_gpus": self.num_gpus,
+            "requests": len(self.stream),
+            "max_output_tokens": self.stream.max_output_tokens,
+        }
+
+
+def prefix_caching_on(scenario: Scenario, policy: Any) -> bool:
+    """Whether ``policy`` runs with prefix caching: its own setting, else memory.prefix_caching,
+    and never for reserve-memory kinds (static, continuous)."""
+    own = getattr(policy, "prefix_caching", None)
+    return bool(scenario.memory.prefix_caching if own is None else own) and policy.kind not in RESERVE_KINDS
+
+
+def resolve(scenario: Scenario) -> ResolvedScenario:
+    """Look up hardware, size the KV cache, load the cost model and draw the request stream.
+
+    Raises:
+        UserError: unknown model/GPU, the model does not fit, a workload file is missing or corrupt,
+            or a request is longer than the context window (unless ``over_length: reject``).
+            Whether each request fits the KV cache depends on the policy: :func:`check_servable`.
+    """
+    model = get_model(scenario.model)
+    gpu = get_gpu(scenario.gpu)
+    kv = _kv_budget(scenario, model, gpu, scenario.memory.gpu_memory_utilization)
+    for policy in scenario.policies:  # a policy's own memory share must fit the model too
+        share = getattr(policy, "gpu_memory_utilization", None)
+        if share is not None:
+            _kv_budget(scenario, model, gpu, share)
+    cost_model = load_cost_model(
+        scenario.model,
+        scenario.gpu,
+        scenario.tensor_parallel,
+        cpu_overhead=scenario.cost.cpu_overhead,
+        expert_parallel=scenario.expert_parallel,
+    )
+    gpu_cost_model = None
+    if any(getattr(p, "engine_cpu", None) is not None for p in scenario.policies):
+        gpu_cost_model = load_cost_model(
+            scenario.model,
+            scenario.gpu,
+            scenario.tensor_parallel,
+            cpu_overhead=False,
+            expert_parallel=scenario.expert_parallel,
+        )
+    stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
+    check_arrival_span(stream)
+    max_len, source = _context_window(scenario, model)
+    over = check_context_window(stream, max_len, scenario.over_length, source)
+    drafts = draft_cost_models(
+        list(scenario.policies), model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+    )
+    return ResolvedScenario(
+        scenario, model, gpu, kv, cost_model, stream, max_len, over if over.any() else None, gpu_cost_model, drafts
+    )
+
+
+def _kv_budget(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, utilization: float) -> KVBudget:
+    memory = scenario.memory
+    return kv_budget(
+        model,
+        gpu,
+        scenario.tensor_parallel,
+        gpu_memory_utilization=utilization,
+        block_size=memory.block_size,
+        activation_reserve_gb=memory.activation_reserve_gb,
+        kv_blocks=memory.kv_blocks,
+    )
+
+
+def _context_window(scenario: Scenario, model: ModelSpec) -> tuple[int, str]:
+    if scenario.max_model_len is None:
+        return model.max_positions, f"{model.name}'s context window"
+    if scenario.max_model_len > model.max_positions:
+        raise UserError(
+            f"max_model_len = {scenario.max_model_len}: longer than {model.name}'s context window "
+            f"({model.max_positions} positions)",
+            field="max_model_len",
+        )
+    return scenario.max_model_len, "max_model_len"
