@@ -117,6 +117,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                         "(mean_ttft_ms, p99_itl_ms, output_throughput, ...; percentiles from metrics.percentiles)")
     p.add_argument("--html", action="store_true", help="also write report.html: one self-contained interactive "
                    "page (summary, latency CDFs, timeline, scenario); needs plotly (pip install 'batchsim[html]')")
+    p.add_argument("--format", choices=("csv", "parquet"), default=None,
+                   help="file format of the request and iteration records (overrides metrics.format, default csv); "
+                        "parquet writes requests.parquet and iterations.parquet, needs pyarrow "
+                        "(pip install 'batchsim[parquet]')")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -124,15 +128,20 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check the output folder, simulate, print the summary table, write the output folder."""
     from sim.io.outputs import check_output_dir
+    from sim.io.parquet import require_pyarrow, wants_parquet
     from sim.report.tables import summary_text
     from sim.runner import run
 
     if args.trace_events and args.summary_only:
         raise UserError("--trace-events needs the per-pass records that --summary-only drops; give one of them",
                         field="trace-events")
+    if args.format:  # last, so it wins over a --set of the same field; recorded in scenario.resolved.yaml
+        args.overrides = [*args.overrides, f"metrics.format={args.format}"]
     scenario = load_from_args(args)
     out_dir = Path(args.out) if args.out else Path("results") / scenario.name
     check_output_dir(out_dir)  # before simulating: a bad --out must not cost a long run
+    if wants_parquet(scenario, summary_only=args.summary_only):
+        require_pyarrow()
     if args.html:
         from sim.report.html import require_plotly
 

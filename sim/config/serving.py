@@ -137,6 +137,12 @@ class MetricsConfig(StrictModel):
         description="Percentiles (in (0, 100]) of TTFT, TPOT, ITL and E2E written to benchmark.json (run --json), "
         "as benchmark_serving's --metric-percentiles; summary.csv keeps its fixed p50/p90/p99 columns.",
     )
+    format: Literal["csv", "parquet"] = Field(
+        "csv",
+        description="File format of the per-request and per-iteration records: csv (requests.csv, iterations.csv) "
+        "or parquet (requests.parquet, iterations.parquet: full precision, typed columns, far faster to write for "
+        "large runs; needs pyarrow: pip install 'batchsim[parquet]'). summary.csv stays CSV. run --format overrides.",
+    )
 
     @field_validator("percentiles")
     @classmethod

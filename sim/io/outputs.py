@@ -52,6 +52,7 @@ import pandas as pd
 import yaml
 
 from sim.errors import UserError
+from sim.io.parquet import PARQUET_FILES, require_pyarrow, wants_parquet, write_records_parquet
 from sim.io.scenario import resolved_yaml
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ BENCHMARK_FILE = "benchmark.json"
 HTML_FILE = "report.html"
 RESULT_FILES = frozenset(
     {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML}
-    | {TRACE_FILE, BENCHMARK_FILE, HTML_FILE, *PLOTS}
+    | {TRACE_FILE, BENCHMARK_FILE, HTML_FILE, *PLOTS} | PARQUET_FILES
 )
 
 
@@ -334,6 +335,8 @@ def save_result(
     Raises:
         UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write.
     """
+    if wants_parquet(result.scenario, summary_only=result.summary_only):
+        require_pyarrow()  # before the folder is touched: a missing pyarrow leaves nothing half-written
     with atomic_folder(out_dir, (RUN_OUTPUT,)) as tmp:
         write_tables(result, tmp)
         if plots and not result.summary_only:
@@ -384,12 +387,15 @@ def write_trace(result: RunData, path: Path) -> None:
 
 
 def write_tables(result: RunData, folder: Path) -> None:
-    """summary.csv/.md, requests.csv, iterations.csv (sampled if huge), scenario.resolved.yaml."""
+    """summary.csv/.md, requests.csv, iterations.csv (sampled if huge; .parquet with metrics.format: parquet),
+    scenario.resolved.yaml."""
     from sim.report.tables import summary_markdown
 
     result.summary.to_csv(folder / "summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     (folder / "summary.md").write_text(_summary_md(result, summary_markdown))
-    if not result.summary_only:  # --summary-only: the records were never kept
+    if wants_parquet(result.scenario, summary_only=result.summary_only):
+        write_records_parquet(result, folder)
+    elif not result.summary_only:  # --summary-only: the records were never kept
         result.requests.to_csv(folder / "requests.csv", index=False, float_format=CSV_FLOAT_FORMAT)
         # Already every k-th pass per policy, sampled in memory (k: facts["iterations_every"]).
         result.iterations.to_csv(folder / "iterations.csv", index=False, float_format=CSV_FLOAT_FORMAT)
