@@ -30,16 +30,13 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from sim.errors import UserError, did_you_mean
+from sim.sweeps.errors import WorkerDied  # defined apart so ray_backend need not import this module
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 BACKENDS = ("local", "ray")
 """Names accepted by ``backend=`` / ``--backend``."""
-
-
-class WorkerDied(UserError):
-    """A worker process vanished mid-task (killed, out of memory); finished results are kept."""
 
 
 class Backend(Protocol):

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sim.errors import UserError
-from sim.sweeps.backends import WorkerDied
+from sim.sweeps.errors import WorkerDied
 
 T = TypeVar("T")
 R = TypeVar("R")
