@@ -39,8 +39,30 @@ BACKENDS = ("local", "ray")
 """Names accepted by ``backend=`` / ``--backend``."""
 
 
+class Startup(Protocol):
+    """What a backend paid to get its workers (:class:`sim.sweeps.ray_backend.RayStartup`)."""
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the start-up (about 0 when a running Ray was reused)."""
+        ...
+
+    def line(self) -> str:
+        """One line for the progress output."""
+        ...
+
+    def metadata(self) -> dict[str, Any]:
+        """A JSON-able record of it, kept with the results."""
+        ...
+
+
 class Backend(Protocol):
     """Runs picklable functions on picklable items, yielding results as they finish."""
+
+    @property
+    def startup(self) -> Startup | None:
+        """What getting the workers cost, once entered; None where not measured (the local pool)."""
+        ...
 
     def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         """Yield ``fn(item)`` for every item, in completion order."""
@@ -179,6 +201,7 @@ class LocalBackend:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self.startup: Startup | None = None  # not measured: workers start in the background
 
     def __enter__(self) -> LocalBackend:
         if self.workers > 1:
