@@ -7,6 +7,12 @@ folder) the address is checked to accept a TCP connection within
 given up after :data:`RAY_INIT_TIMEOUT_S` (a port that accepts connections but is not a
 Ray GCS, such as the dashboard's). Either failure is one :class:`UserError` naming the
 address. Ray is imported only in this module.
+
+Getting a Ray is timed (:class:`RayStartup`): ``ray.init`` plus waiting for one warm
+worker per CPU, which on a fresh local Ray is the seconds-long fixed cost of a sweep.
+It is paid once per process: the Ray a sweep starts (or the cluster it joins) is left
+running, and the next sweep with the same settings reuses it at no cost; joining a
+running cluster (``--address``) pays no local start-up at all.
 """
 
 from __future__ import annotations
@@ -64,8 +70,10 @@ class RayStartup:
 
     Attributes:
         how: :data:`STARTED`, :data:`JOINED` or :data:`REUSED`.
-        seconds: wall time of ``ray.init`` (about 0 when reused).
+        seconds: wall time until the workers were ready: ``ray.init`` plus one warm worker
+            per CPU (about 0 when reused).
         where: the Ray in words, for the progress line.
+        init_s: the part of ``seconds`` spent in ``ray.init``.
     """
 
     how: str
