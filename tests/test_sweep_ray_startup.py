@@ -109,6 +109,7 @@ def test_a_second_sweep_reuses_the_ray_the_first_started(fake_ray: FakeRay) -> N
     assert second.attrs["execution"]["ray_start"] == "reused"
     assert second.attrs["execution"]["ray_startup_s"] < 0.5
     assert fake_ray.init_options[0]["num_cpus"] == 2
+    assert fake_ray.init_options[0]["address"] == "local"  # never a cluster `ray start` left behind
     pd.testing.assert_frame_equal(first, second, check_exact=True)
 
 

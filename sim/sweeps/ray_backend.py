@@ -196,7 +196,9 @@ class RayBackend:
         if self.address is not None:
             self._join(quiet)
         else:
-            _init_keeping_sigterm(ray, num_cpus=self.workers, include_dashboard=False, **quiet)
+            # "local": a new Ray of our own. Without it ray.init connects to any cluster that
+            # `ray start --head` left on this machine, and refuses num_cpus for it.
+            _init_keeping_sigterm(ray, address="local", num_cpus=self.workers, include_dashboard=False, **quiet)
         _own = _OwnRay(self._key, _job_id(ray))
         return JOINED if self.address is not None else STARTED
 
