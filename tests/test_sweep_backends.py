@@ -94,7 +94,12 @@ def test_pool_of_two_is_identical_to_in_process(base: Scenario, serial: pd.DataF
     importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')"
 )
 def test_ray_on_two_cpus_is_identical_to_in_process(base: Scenario, serial: pd.DataFrame) -> None:
-    assert_identical(sweep(base, PARAMS, SEEDS, workers=2, backend="ray"), serial)
+    from sim.sweeps.ray_backend import shutdown_ray
+
+    try:
+        assert_identical(sweep(base, PARAMS, SEEDS, workers=2, backend="ray"), serial)
+    finally:
+        shutdown_ray()  # sweeps keep their Ray up; later tests fork pools and want no Ray threads
 
 
 def test_backend_mistakes_are_user_errors() -> None:

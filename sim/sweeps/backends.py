@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from sim.errors import UserError, did_you_mean
+from sim.sweeps.errors import WorkerDied  # defined apart so ray_backend need not import this module
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,12 +39,30 @@ BACKENDS = ("local", "ray")
 """Names accepted by ``backend=`` / ``--backend``."""
 
 
-class WorkerDied(UserError):
-    """A worker process vanished mid-task (killed, out of memory); finished results are kept."""
+class Startup(Protocol):
+    """What a backend paid to get its workers (:class:`sim.sweeps.ray_backend.RayStartup`)."""
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the start-up (about 0 when a running Ray was reused)."""
+        ...
+
+    def line(self) -> str:
+        """One line for the progress output."""
+        ...
+
+    def metadata(self) -> dict[str, Any]:
+        """A JSON-able record of it, kept with the results."""
+        ...
 
 
 class Backend(Protocol):
     """Runs picklable functions on picklable items, yielding results as they finish."""
+
+    @property
+    def startup(self) -> Startup | None:
+        """What getting the workers cost, once entered; None where not measured (the local pool)."""
+        ...
 
     def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         """Yield ``fn(item)`` for every item, in completion order."""
@@ -182,6 +201,7 @@ class LocalBackend:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self.startup: Startup | None = None  # not measured: workers start in the background
 
     def __enter__(self) -> LocalBackend:
         if self.workers > 1:

@@ -37,7 +37,7 @@ from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_backend
 from sim.sweeps.capacity_search import SearchOutcome, search_rate
 from sim.sweeps.grid import normalize_seeds
-from sim.sweeps.runner import progress_bar
+from sim.sweeps.runner import progress_bar, report_startup
 from sim.sweeps.tasks import (
     PointFn,
     Task,
@@ -154,6 +154,7 @@ def find_capacity(
         open_backend(backend, workers, address) as engine,
         progress_bar(progress, "capacity", "run") as bar,
     ):
+        report_startup(engine, bar, progress)
         outcomes = _drive(spec, runs, engine, bar)
     return spec.report(outcomes, runs)
 

@@ -7,6 +7,12 @@ folder) the address is checked to accept a TCP connection within
 given up after :data:`RAY_INIT_TIMEOUT_S` (a port that accepts connections but is not a
 Ray GCS, such as the dashboard's). Either failure is one :class:`UserError` naming the
 address. Ray is imported only in this module.
+
+Getting a Ray is timed (:class:`RayStartup`): ``ray.init`` plus waiting for one warm
+worker per CPU, which on a fresh local Ray is the seconds-long fixed cost of a sweep.
+It is paid once per process: the Ray a sweep starts (or the cluster it joins) is left
+running, and the next sweep with the same settings reuses it at no cost; joining a
+running cluster (``--address``) pays no local start-up at all.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sim.errors import UserError
-from sim.sweeps.backends import WorkerDied
+from sim.sweeps.errors import WorkerDied
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,12 +60,66 @@ def _import_ray() -> Any:
     return ray
 
 
+STARTED, JOINED, REUSED = "started", "joined", "reused"
+"""How a backend got its Ray: a new local Ray, a running cluster joined, or a Ray already up in this process."""
+
+
+@dataclass(frozen=True)
+class RayStartup:
+    """What getting a Ray cost one backend: how it got it and the seconds that took.
+
+    Attributes:
+        how: :data:`STARTED`, :data:`JOINED` or :data:`REUSED`.
+        seconds: wall time until the workers were ready: ``ray.init`` plus one warm worker
+            per CPU (about 0 when reused).
+        where: the Ray in words, for the progress line.
+        init_s: the part of ``seconds`` spent in ``ray.init``.
+    """
+
+    how: str
+    seconds: float
+    where: str
+    init_s: float = 0.0
+
+    def line(self) -> str:
+        """One progress line, e.g. ``ray: started a local Ray (2 CPUs) in 9.1 s (ray.init 5.0 s, ...)``."""
+        if self.how == REUSED:
+            return f"ray: reusing {self.where} (no start-up, {self.seconds:.2f} s)"
+        parts = f"ray.init {self.init_s:.1f} s, workers {self.seconds - self.init_s:.1f} s"
+        return f"ray: {self.how} {self.where} in {self.seconds:.1f} s ({parts})"
+
+    def metadata(self) -> dict[str, Any]:
+        """The JSON-able record kept with the results (``sweep.json``, ``table.attrs``)."""
+        return {
+            "backend": "ray", "ray_start": self.how, "ray_startup_s": round(self.seconds, 3),
+            "ray_init_s": round(self.init_s, 3),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _OwnRay:
+    """The Ray this module started or joined and left running for the next sweep in this process."""
+
+    key: tuple[str | None, int | None]  # (address, None) for a cluster, (None, CPUs) for a local Ray
+    job_id: str  # tells it apart from a Ray someone initialized after ours was shut down
+
+
+_own: _OwnRay | None = None
+
+
 class RayBackend:
     """Tasks as Ray remote functions, on a local Ray or an existing cluster.
 
     The ``sim`` package is shipped to the workers (Ray ``py_modules``), so every node
-    runs exactly this code and a cluster needs no batchsim install. A Ray already
-    initialized in this process (a notebook) is used as it is and left running.
+    runs exactly this code and a cluster needs no batchsim install.
+
+    Starting a local Ray costs seconds, so it is paid once per process: the Ray a
+    backend starts (or the cluster it joins) stays up after the sweep, and the next
+    sweep in the same process with the same address (or, locally, the same CPU count)
+    reuses it; a different one replaces it. Ray stops it when the process exits
+    (:func:`shutdown_ray` stops it sooner). A Ray initialized in this process by someone
+    else (a notebook's ``ray.init()``) is used as it is and never stopped. What getting
+    the Ray cost is :attr:`startup`.
 
     Args:
         workers: CPUs of the local Ray started when ``address`` is None.
@@ -73,42 +135,79 @@ class RayBackend:
         self.workers = workers
         self.address = address
         self._ray = _import_ray()
-        self._started = False
         self._remote: Any = None
-        if address is not None and not self._ray.is_initialized():
+        self.startup: RayStartup | None = None
+        """How this backend got its Ray and how long it took; None until it has one."""
+        if address is not None and not self._reusable():
             # Join now, not with the first tasks: a wrong or silent address must fail
             # before the sweep writes anything. Joining takes about a second.
             check_reachable(address)
-            self._start()
+            self._connect()
 
     def __enter__(self) -> RayBackend:
-        return self  # a local Ray starts on the first tasks: a fully resumed sweep never pays for it
+        # Entered only when there is work (a fully resumed sweep never pays for a Ray),
+        # and before the progress bar, so the bar can say what the start-up cost.
+        self._connect()
+        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> None:
-        """Disconnect from (or stop) the Ray this backend started; idempotent."""
-        if self._started:
-            self._ray.shutdown()
-            self._started = False
+        """Nothing to release: the Ray stays up for the next sweep in this process (see the class)."""
 
-    def _start(self) -> None:
+    @property
+    def _key(self) -> tuple[str | None, int | None]:
+        return (self.address, None) if self.address is not None else (None, self.workers)
+
+    def _reusable(self) -> bool:
+        """A Ray is up in this process and is either not ours (used as is) or ours for this key."""
+        if not self._ray.is_initialized():
+            return False
+        own = _own_ray(self._ray)
+        return own is None or own.key == self._key
+
+    def _connect(self) -> None:
+        """Get a Ray (reuse, join or start one) and time it; idempotent."""
+        if self._remote is not None:
+            return
         ray = self._ray
-        if not ray.is_initialized():
-            runtime_env = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
-            quiet: dict[str, Any] = {
-                "log_to_driver": False,
-                "logging_level": logging.ERROR,
-                "runtime_env": runtime_env,
-            }
-            if self.address is not None:
-                self._join(quiet)
-            else:
-                _init_keeping_sigterm(ray, num_cpus=self.workers, include_dashboard=False, **quiet)
-            self._started = True
+        began = time.perf_counter()
+        how = REUSED if self._reusable() else self._start()
+        init_s = time.perf_counter() - began
+        if how != REUSED:
+            _warm_up(ray, self.workers)
         # Ray retries a task whose worker died; the result is the same, so that is safe.
         self._remote = ray.remote(num_cpus=1, max_retries=2)(_apply)
+        self.startup = RayStartup(how, time.perf_counter() - began, self._where(how), init_s)
+
+    def _start(self) -> str:
+        """Start a local Ray or join ``address``, replacing a Ray of ours kept for other settings."""
+        global _own
+        ray = self._ray
+        if ray.is_initialized():  # ours (else it would be reusable), for another address or CPU count
+            ray.shutdown()
+        runtime_env = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
+        quiet: dict[str, Any] = {
+            "log_to_driver": False,
+            "logging_level": logging.ERROR,
+            "runtime_env": runtime_env,
+        }
+        if self.address is not None:
+            self._join(quiet)
+        else:
+            # "local": a new Ray of our own. Without it ray.init connects to any cluster that
+            # `ray start --head` left on this machine, and refuses num_cpus for it.
+            _init_keeping_sigterm(ray, address="local", num_cpus=self.workers, include_dashboard=False, **quiet)
+        _own = _OwnRay(self._key, _job_id(ray))
+        return JOINED if self.address is not None else STARTED
+
+    def _where(self, how: str) -> str:
+        if how == REUSED:
+            return "the Ray already running in this process"
+        if self.address is not None:
+            return f"the Ray cluster at {self.address}"
+        return f"a local Ray ({self.workers} CPU{'s' if self.workers != 1 else ''})"
 
     def _join(self, options: dict[str, Any]) -> None:
         """``ray.init(address=...)`` in a daemon thread, given up after ``RAY_INIT_TIMEOUT_S``.
@@ -147,8 +246,7 @@ class RayBackend:
 
     def imap_unordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         """Submit every item, then yield results with ``ray.wait`` as they finish."""
-        if self._remote is None:
-            self._start()
+        self._connect()
         ray = self._ray
         pending = [self._remote.remote(fn, item) for item in items]
         try:
@@ -163,6 +261,53 @@ class RayBackend:
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
+
+
+def _ready() -> int:
+    import sim.runner  # noqa: F401 - what the first real task would import
+
+    return os.getpid()
+
+
+def _warm_up(ray: Any, count: int) -> None:
+    """Run ``count`` no-op tasks that import the engine, so the workers are up before the sweep.
+
+    A fresh Ray starts its worker processes (and unpacks the shipped ``sim`` package)
+    only after ``ray.init`` returns: seconds that would otherwise hide in the first
+    points. Waiting for them here makes :attr:`RayBackend.startup` the whole fixed cost.
+    """
+    ray.get([ray.remote(num_cpus=1)(_ready).remote() for _ in range(count)])
+
+
+def shutdown_ray() -> None:
+    """Stop (or leave) the Ray that a ray backend started (or joined) in this process.
+
+    A Ray initialized by someone else is left running. Sweeps keep theirs up so that the
+    next sweep in the process need not start one again; this releases it sooner than the
+    process's exit does (tests, a long-lived notebook that is done with Ray).
+    """
+    global _own
+    if _own is None:
+        return
+    ray = _import_ray()
+    if _own_ray(ray) is not None:
+        ray.shutdown()
+    _own = None
+
+
+def _own_ray(ray: Any) -> _OwnRay | None:
+    """The Ray we left running, if it is the one initialized in this process now."""
+    if _own is None or not ray.is_initialized():
+        return None
+    return _own if _job_id(ray) == _own.job_id else None
+
+
+def _job_id(ray: Any) -> str:
+    """The job of this driver's Ray connection: a new one for every ``ray.init``."""
+    try:
+        return str(ray.get_runtime_context().get_job_id())
+    except Exception:  # noqa: BLE001 - an old or a client-mode Ray: assume the same connection
+        return ""
 
 
 def _init_keeping_sigterm(ray: Any, **options: Any) -> None:

@@ -25,7 +25,7 @@ from sim.config import Scenario
 from sim.errors import UserError
 from sim.io.scenario import load_scenario
 from sim.metrics.summary import EXTRA_COLUMNS, SUMMARY_COLUMNS
-from sim.sweeps.backends import open_backend
+from sim.sweeps.backends import Backend, open_backend
 from sim.sweeps.grid import (
     describe_point,
     expand_grid,
@@ -69,7 +69,10 @@ def sweep(
     Returns:
         Columns: one per parameter (named by its path), ``seed``, ``point``, every summary
         column, and ``error`` ("" when the point ran; failed points keep their rows with
-        NaN metrics). Sorted by point, seed, then the scenario's policy order.
+        NaN metrics). Sorted by point, seed, then the scenario's policy order. On the ray
+        backend, ``table.attrs["execution"]`` says how the Ray was got and what it cost
+        (``{"backend": "ray", "ray_start": "started" | "joined" | "reused", "ray_startup_s": 4.8}``),
+        as ``sweep.json`` does under ``execution``; absent when no task had to run.
 
     Raises:
         UserError: a bad parameter, seed or backend, a point whose scenario is invalid
@@ -119,6 +122,7 @@ def run_sweep(
         done = len(plan.keys) - len(todo)
         workers_up = engine if todo else nullcontext()  # a fully resumed sweep starts none
         with workers_up, progress_bar(progress, "sweep", "point", len(plan.keys), done) as bar:
+            report_startup(engine, bar, progress)
             for result in _results(engine, point_fn, todo):
                 text = rows_text(plan.point_frame(result))
                 if store:
@@ -127,9 +131,13 @@ def run_sweep(
                 bar.update(1)
                 _report_failure(plan, result, bar, progress)
         rows = order_rows(plan.columns, texts)
+        execution = engine.startup.metadata() if engine.startup else None
         if store:
-            store.finish(rows)  # completion order -> grid order: identical sweeps, identical files
-    return plan.table(rows)
+            store.finish(rows, execution)  # completion order -> grid order: identical sweeps, identical files
+    table = plan.table(rows)
+    if execution is not None:
+        table.attrs["execution"] = execution  # not a column: it varies from run to run
+    return table
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,7 @@ class SweepPlan:
         return frame.sort_values(["point", "seed"], kind="stable").reset_index(drop=True)
 
 
-def _results(engine: Any, point_fn: PointFn, todo: list[Task]) -> Iterator[TaskResult]:
+def _results(engine: Backend, point_fn: PointFn, todo: list[Task]) -> Iterator[TaskResult]:
     if not todo:
         return iter(())
     return engine.imap_unordered(partial(execute, point_fn=point_fn), todo)
@@ -255,6 +263,12 @@ def progress_bar(
     return tqdm(
         total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True
     )
+
+
+def report_startup(engine: Backend, bar: Any, progress: bool) -> None:
+    """Say on the progress output what getting the workers cost (Ray: start, join or reuse)."""
+    if progress and engine.startup is not None:
+        bar.write(engine.startup.line(), file=sys.stderr)
 
 
 def _report_failure(plan: SweepPlan, result: TaskResult, bar: Any, progress: bool) -> None:

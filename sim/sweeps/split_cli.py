@@ -13,7 +13,7 @@ def run_split_search(args: argparse.Namespace, scenario: Scenario, seeds: list[i
     """Search every prefill:decode split of ``args.split_gpus`` GPUs; print it, write split.csv/.md."""
     from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
     from sim.sweeps.capacity import CapacitySpec
-    from sim.sweeps.cli import parse_slo_options, sigterm_as_interrupt
+    from sim.sweeps.cli_common import parse_slo_options, sigterm_as_interrupt
     from sim.sweeps.split import split_markdown, split_search
 
     slo = parse_slo_options(args.slo)

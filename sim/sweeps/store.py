@@ -130,9 +130,7 @@ class SweepFile:
             kept = self._recover(expected_rows)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomic(
-                self.folder / MANIFEST_NAME, json.dumps(self.manifest, indent=1, sort_keys=True) + "\n"
-            )
+            self._write_manifest(self.manifest)
             _write_atomic(self.path, header_line(self.columns) + "".join(kept))
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:  # read-only file system, permissions: the user's to fix
@@ -149,10 +147,16 @@ class SweepFile:
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         os.fsync(self._fd)
 
-    def finish(self, rows: Sequence[str]) -> None:
-        """Replace the incremental file with ``rows`` (all of them, in grid order) and close it."""
+    def finish(self, rows: Sequence[str], execution: dict[str, Any] | None = None) -> None:
+        """Replace the incremental file with ``rows`` (all of them, in grid order) and close it.
+
+        ``execution`` (how the runs were executed, e.g. Ray's start-up time) is added to
+        ``sweep.json`` under that key; resume does not compare it, since it varies run to run.
+        """
         self.close()
         _write_atomic(self.path, header_line(self.columns) + "".join(rows))
+        if execution is not None:
+            self._write_manifest({**self.manifest, "execution": execution})
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -165,6 +169,9 @@ class SweepFile:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        _write_atomic(self.folder / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
 
     def _check_manifest(self) -> None:
         path = self.folder / MANIFEST_NAME
