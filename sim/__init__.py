@@ -30,7 +30,7 @@ __getattr__ = lazy_attributes(
         "run": "sim.runner",
         "RunResult": "sim.runner",
         "sweep": "sim.sweeps.runner",
-        "capacity": "sim.sweeps.capacity",
+        "capacity": "sim.sweeps.slo_capacity",
         "plots": "sim.report",
     },
 )
@@ -40,5 +40,5 @@ if TYPE_CHECKING:
     from sim.io.scenario import load_scenario
     from sim.report import plots
     from sim.runner import RunResult, run
-    from sim.sweeps.capacity import capacity
     from sim.sweeps.runner import sweep
+    from sim.sweeps.slo_capacity import capacity

@@ -12,8 +12,8 @@ from sim.errors import UserError
 from sim.io.scenario import scenario_from_dict
 from sim.runner import run
 from sim.sweeps import capacity
-from sim.sweeps.capacity import find_capacity
 from sim.sweeps.capacity_search import CHECK_FACTOR
+from sim.sweeps.slo_capacity import find_capacity
 
 TINY = {
     "name": "capacity_tiny",

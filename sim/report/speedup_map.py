@@ -7,7 +7,7 @@ those of the seed table), every ``max_batch_size`` and every seed:
 
 1. **burst**: every request queued at t = 0; static's throughput here is its *saturation*
    throughput (full batches back to back) and B / throughput its mean batch time T_batch;
-2. **capacity**: :func:`sim.sweeps.capacity.capacity` finds the highest Poisson rate at which
+2. **capacity**: :func:`sim.sweeps.slo_capacity.capacity` finds the highest Poisson rate at which
    static meets the SLO "every request completes and p99 E2E <= ``slo_batches`` x T_batch",
    searched at or below the saturation throughput (above it the queue of a long run grows
    without bound, so a higher answer could only be an artefact of a finite run);
@@ -33,7 +33,7 @@ import pandas as pd
 from sim.config import Scenario
 from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_backend
-from sim.sweeps.capacity import capacity
+from sim.sweeps.slo_capacity import capacity
 from sim.sweeps.tasks import Task, TaskResult, build_scenario, execute, scenario_dict
 
 MAP_COLUMNS: tuple[str, ...] = (
@@ -245,7 +245,7 @@ def capacity_question(base: Scenario, config: MapConfig, batch_size: int,
     """Static's capacity question: (scenario with only static, SLO bounds, highest rate to search).
 
     The search starts at the saturation throughput and never goes above it unless latency
-    turns out to be non-monotone (then :func:`sim.sweeps.capacity.capacity` says so in its note).
+    turns out to be non-monotone (then :func:`sim.sweeps.slo_capacity.capacity` says so in its note).
     """
     scenario = point_scenario(base, config, batch_size, 0.5, saturation_rps, config.capacity_seeds[0])
     raw = scenario_dict(scenario)

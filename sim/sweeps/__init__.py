@@ -8,7 +8,15 @@
 ``python -m sim sweep`` and ``python -m sim capacity`` call these same functions.
 """
 
-from sim.sweeps.capacity import capacity
-from sim.sweeps.runner import sweep
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.lazy import lazy_attributes
 
 __all__ = ["capacity", "sweep"]
+__getattr__ = lazy_attributes(__name__, {"capacity": "sim.sweeps.slo_capacity", "sweep": "sim.sweeps.runner"})
+
+if TYPE_CHECKING:
+    from sim.sweeps.runner import sweep
+    from sim.sweeps.slo_capacity import capacity

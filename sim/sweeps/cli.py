@@ -2,7 +2,7 @@
 
 Both parse their options, validate everything (every sweep point's scenario too, and
 the output folder) before running anything, call :func:`sim.sweeps.sweep` /
-:func:`sim.sweeps.capacity`, then print and write. User mistakes are :class:`UserError`
+:func:`sim.sweeps.slo_capacity`, then print and write. User mistakes are :class:`UserError`
 (exit 2). SIGTERM stops them as Ctrl-C does, cleanly (exit 143 instead of 130).
 """
 
@@ -198,8 +198,8 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     """Search each policy's capacity, print the table, write capacity.csv/.md."""
     from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
-    from sim.sweeps.capacity import capacity
     from sim.sweeps.outputs import capacity_markdown, capacity_table
+    from sim.sweeps.slo_capacity import capacity
     from sim.sweeps.store import check_folder
 
     scenario, seeds = _load(args)

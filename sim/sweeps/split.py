@@ -1,7 +1,7 @@
 """Prefill:decode split search: for a fixed GPU count, the ratio with the most goodput per GPU.
 
 For every split of ``total_gpus`` into a prefill pool and a decode pool (each a whole number of
-its pool's replicas), :func:`sim.sweeps.capacity.find_capacity` searches the highest arrival
+its pool's replicas), :func:`sim.sweeps.slo_capacity.find_capacity` searches the highest arrival
 rate at which the disaggregated deployment meets the SLO; the colocated policies are searched
 once with ``replicas = total_gpus / tensor_parallel``. Each row reports the capacity per GPU
 (``rate_rps / gpus``, DistServe's per-GPU goodput: the rate it serves within the SLO, per
@@ -20,7 +20,7 @@ import pandas as pd
 from sim.config import Scenario
 from sim.errors import UserError
 from sim.io.scenario import load_scenario
-from sim.sweeps.capacity import find_capacity
+from sim.sweeps.slo_capacity import find_capacity
 
 SPLIT_COLUMNS = ("deployment", "prefill_gpus", "decode_gpus", "gpus", "rate_rps", "capacity_per_gpu",
                  "goodput_per_gpu", "ttft_p99_s", "tpot_p99_s", "slo_attainment", "best", "note")  # fmt: skip
@@ -53,9 +53,9 @@ def split_search(
 
     Args:
         scenario: a scenario (or path) with a ``disaggregation`` block and a rate-based arrival.
-        slo: the bounds, as for :func:`sim.sweeps.capacity.capacity`.
+        slo: the bounds, as for :func:`sim.sweeps.slo_capacity.capacity`.
         total_gpus: GPUs of every deployment compared.
-        **kwargs: passed to :func:`sim.sweeps.capacity.find_capacity` (attainment, seeds, workers, ...).
+        **kwargs: passed to :func:`sim.sweeps.slo_capacity.find_capacity` (attainment, seeds, workers, ...).
 
     Returns:
         One row per split, then one per colocated policy (``SPLIT_COLUMNS``).

@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sim.config import Scenario
+if TYPE_CHECKING:
+    from sim.config import Scenario
 
 
 def run_split_search(args: argparse.Namespace, scenario: Scenario, seeds: list[int], out: Path) -> int:
     """Search every prefill:decode split of ``args.split_gpus`` GPUs; print it, write split.csv/.md."""
     from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
-    from sim.sweeps.capacity import CapacitySpec
     from sim.sweeps.cli_common import parse_slo_options, sigterm_as_interrupt
+    from sim.sweeps.slo_capacity import CapacitySpec
     from sim.sweeps.split import split_markdown, split_search
 
     slo = parse_slo_options(args.slo)
