@@ -22,6 +22,7 @@ from sim.policies.base import (
     SchedulerView,
     admit_waiting,
     decoders_left,
+    head_refused,
     preempt_until,
     watermark,
 )
@@ -83,3 +84,14 @@ class ChunkedPrefillPolicy(Policy):
                 plan.prefill.append((rid, tokens))
                 budget -= tokens
         return budget
+
+    def decode_only(self, view: SchedulerView) -> bool:
+        """Decodes alone: no prefill under way, the step's blocks free, and no waiting request
+        admitted in the budget the decodes leave."""
+        if not view.decoding_count or view.prefilling_ids() or not view.kv.try_decode_step():
+            return False
+        budget = self.chunk_size - view.decoding_count * self.decode_tokens
+        room = self.max_running - view.running_count
+        if view.waiting_count and room > 0 and budget > 0:
+            return head_refused(view, budget, watermark(view), chunked=True)
+        return True
