@@ -172,23 +172,6 @@ class IterationRecords:
         self.decode_kv_tokens.append(decode_kv_tokens)
         self.prefill_context_tokens.append(prefill_context_tokens)
 
-    def extend_decode(
-        self, replica: int, start_s: list[float], duration_s: list[float], decodes: list[int],
-        kv_blocks_used: list[int], decode_kv_tokens: list[int],
-    ) -> None:  # fmt: skip
-        """Record a run of pure decode passes at once (as ``append`` would, row by row)."""
-        n = len(start_s)
-        self.replica.extend(array("h", [replica]) * n)
-        self.start_s.extend(start_s)
-        self.duration_s.extend(duration_s)
-        self.batch_size.extend(decodes)
-        self.prefill_tokens.extend(array("i", [0]) * n)
-        self.decode_tokens.extend(decodes)
-        self.kv_blocks_used.extend(kv_blocks_used)
-        self.prefill_attn_work.extend(array("d", [0.0]) * n)
-        self.decode_kv_tokens.extend(decode_kv_tokens)
-        self.prefill_context_tokens.extend(array("i", [0]) * n)
-
     def extend_decode_run(
         self, replica: int, start_s: list[float], duration_s: list[float], decodes: int,
         kv_blocks_used: list[int] | int, decode_kv_tokens: list[int],

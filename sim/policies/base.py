@@ -246,4 +246,6 @@ def preempt_until(
 
 def decoders_left(view: SchedulerView, plan: IterationPlan) -> int:
     """Decoding requests that remain after this plan's preemptions."""
+    if not plan.preempt:  # the common case: no generator to run
+        return view.decoding_count
     return view.decoding_count - sum(1 for rid in plan.preempt if view.is_decoding(rid))

@@ -80,7 +80,10 @@ class ChunkedPrefillPolicy(Policy):
             if rid in plan.preempt:
                 continue
             tokens = min(budget, view.tokens_to_prefill(rid))
-            if preempt_until(view, plan, partial(view.kv.try_extend, rid, tokens), requester=rid):
+            # A refused try_extend changes nothing, so preempt_until may ask it again.
+            if view.kv.try_extend(rid, tokens) or preempt_until(
+                view, plan, partial(view.kv.try_extend, rid, tokens), requester=rid
+            ):
                 plan.prefill.append((rid, tokens))
                 budget -= tokens
         return budget

@@ -1,4 +1,4 @@
-"""Decode-step merging: consecutive pure decode passes of one replica in one SimPy event.
+"""Decode-step merging: consecutive pure decode passes of one replica, advanced in bulk.
 
 A worker that begins a pure decode pass (no prefill, no preemption, one step) of a
 steady policy (``Policy.steady_decode``) knows the next pass too, as long as nothing
@@ -6,17 +6,20 @@ can happen in between: no other event is due before the pass ends (``env.peek()`
 arrival, retry, deadline, another replica's pass end, a wake-up), no member finishes in
 it, no cancellation waits for its end, and the next step's KV blocks fit (so the policy
 would preempt no one). Then the policy would plan the same decode pass again, so the
-worker ends this pass and begins the next one at once, records the row, and looks again.
-When a pass can no longer be followed this way the worker waits once, until the end of
-that last pass, and ends it as usual.
+pass can be ended and the next one begun at once. ``decode_span`` does that for as many
+passes as allowed, in one tight loop: it prices each pass (the cost model is the only
+per-pass call), then advances the replica once for all of them and records their rows
+at once. The worker (``Worker._run_ahead``) then ends the last one as usual, waiting for
+the clock only where something else may happen first.
 
-Exactness: the passes are ended and begun with the same calls, in the same order and at
-the same times as one event per pass would make (every pass is priced as the first of its
-scheduling step, as the policy would have been asked); the pass starts are summed one by
-one as SimPy sums its timeouts, and the single timeout lands exactly on the last end. No
-other event falls strictly between the block's start and its last pass's start, and any
-event due at or after that is already queued, so it keeps its order relative to the
-worker's. ``merge_decode_steps: false`` (the ``engine`` section) turns it off.
+Exactness: every pass is priced with the same totals, as the first of its scheduling
+step (as the policy would have been asked), and its start is summed one by one as SimPy
+sums its timeouts; the worker's waits land exactly on the pass ends (``pass_delays``). No
+other event falls strictly between a span's start and its last pass's start, and any event
+due at or after that is already queued, so it keeps its order relative to the worker's.
+``merge_decode_steps: false`` (the ``engine`` section) turns it off.
+
+This module knows the replica state's API only, not the worker: the worker imports it.
 """
 
 from __future__ import annotations

@@ -13,10 +13,13 @@ the block starts: the worker prices them all and waits once, for their summed du
 With an ``engine_cpu`` model each pass also pays the engine's CPU time
 (:mod:`sim.serving.cpu_time`).
 
-Decode-step merging (``merge_decode_steps``, on by default): when a steady policy
-(``Policy.steady_decode``) plans a pure decode pass, the following passes are known too
-until something can change them, so the worker ends and begins them at once and waits
-once (:mod:`sim.serving.merge`). Results are identical with merging on and off.
+Decode-step merging (``merge_decode_steps``, on by default): the worker runs ahead of
+the SimPy clock while no other event is due, ending a pass and beginning the next one at
+its end without an event, and waits once (exactly) where something else may happen; when
+a steady policy (``Policy.steady_decode``) plans a pure decode pass, the following passes
+are known too until something can change them, and they are advanced in bulk
+(:mod:`sim.serving.merge`); a pure decode plan is reused when ``Policy.decode_only`` says
+the policy would build it again. Results are identical with merging on and off.
 """
 
 from __future__ import annotations
@@ -244,10 +247,13 @@ class Worker:
                 totals[2], totals[4], state.prefill_context_tokens,
             )  # fmt: skip
             if completed:
-                if starts and not inert:  # the clients may send or schedule: be on time
-                    yield from self._wait(starts, durations)
+                if inert:
+                    on_completed(completed)
+                else:  # the clients may send or schedule: be on time, and look again afterwards
+                    if starts:
+                        yield from self._wait(starts, durations)
+                    on_completed(completed)
                     horizon_s = env.peek()
-                on_completed(completed)
             before = passes
             passes += merged + 1
             if audit_every and before // audit_every != passes // audit_every:
