@@ -172,19 +172,24 @@ class IterationRecords:
         self.decode_kv_tokens.append(decode_kv_tokens)
         self.prefill_context_tokens.append(prefill_context_tokens)
 
-    def extend_decode(
-        self, replica: int, start_s: list[float], duration_s: list[float], decodes: list[int],
-        kv_blocks_used: list[int], decode_kv_tokens: list[int],
+    def extend_decode_run(
+        self, replica: int, start_s: list[float], duration_s: list[float], decodes: int,
+        kv_blocks_used: list[int] | int, decode_kv_tokens: list[int],
     ) -> None:  # fmt: skip
-        """Record a run of pure decode passes at once (as ``append`` would, row by row)."""
+        """Record a run of pure decode passes of one batch (``decodes`` sequences each; blocks
+        used: one count per pass, or one for all): as ``append`` would, row by row."""
         n = len(start_s)
         self.replica.extend(array("h", [replica]) * n)
         self.start_s.extend(start_s)
         self.duration_s.extend(duration_s)
-        self.batch_size.extend(decodes)
+        same = array("i", [decodes]) * n
+        self.batch_size.extend(same)
         self.prefill_tokens.extend(array("i", [0]) * n)
-        self.decode_tokens.extend(decodes)
-        self.kv_blocks_used.extend(kv_blocks_used)
+        self.decode_tokens.extend(same)
+        if isinstance(kv_blocks_used, int):
+            self.kv_blocks_used.extend(array("i", [kv_blocks_used]) * n)
+        else:
+            self.kv_blocks_used.extend(kv_blocks_used)
         self.prefill_attn_work.extend(array("d", [0.0]) * n)
         self.decode_kv_tokens.extend(decode_kv_tokens)
         self.prefill_context_tokens.extend(array("i", [0]) * n)
@@ -214,8 +219,10 @@ class IterationRecords:
         views["kv_blocks_total"] = np.full(len(views["start_s"]), kv_blocks_total, dtype=np.int32)
         data = {name: views.pop(name) for name in ITERATION_COLUMNS}  # in the published order
         del views
-        # Rows are appended when an iteration ends; sort by start so replicas interleave in time.
-        if not pd.Series(data["start_s"], copy=False).is_monotonic_increasing:
+        # Rows are appended when an iteration ends (merged passes earlier): sort by start, then
+        # replica, unless the starts strictly increase (then no order of appends can differ).
+        starts = data["start_s"]
+        if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():
             order = np.lexsort((data["replica"], data["start_s"]))  # stable, like sort_values
             for name in data:
                 data[name] = data[name][order]  # frees that column's buffer

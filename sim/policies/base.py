@@ -141,6 +141,16 @@ class Policy(ABC):
     def schedule(self, view: SchedulerView) -> IterationPlan:
         """Plan the next forward pass (an empty plan means: wait for arrivals)."""
 
+    def decode_only(self, view: SchedulerView) -> bool:
+        """Whether ``schedule(view)`` would plan just a decode step of everyone decoding: no
+        prefill, no preemption, one step (and for static batching, the same padding).
+
+        A cheap check that lets the engine reuse its last pure decode plan instead of building
+        one (when the queue is empty, or no waiting request can join). It may ask the ledger;
+        after False the engine prepares a fresh view before scheduling. False is always safe.
+        """
+        return False
+
 
 def admit_waiting(
     view: SchedulerView,
@@ -184,6 +194,20 @@ def admit_waiting(
     return token_budget
 
 
+def head_refused(
+    view: SchedulerView, token_budget: float = math.inf, keep_free_fraction: float = 0.0, *, chunked: bool = False
+) -> bool:
+    """Whether ``admit_waiting`` (same arguments; room and budget left, nothing planned yet)
+    would admit no one: the queue is empty or its head is refused its KV."""
+    head = next(view.waiting_ids(), None)
+    if head is None:
+        return True
+    tokens = view.tokens_to_prefill(head)
+    if chunked:
+        tokens = min(tokens, int(token_budget))
+    return not view.kv.try_admit(head, tokens, keep_free_fraction)
+
+
 def watermark(view: SchedulerView) -> float:
     """vLLM v0's admission watermark: keep 1% of the KV blocks free when admitting a request
     (``BlockSpaceManager(watermark=0.01)``), so that running requests can grow without an
@@ -222,4 +246,6 @@ def preempt_until(
 
 def decoders_left(view: SchedulerView, plan: IterationPlan) -> int:
     """Decoding requests that remain after this plan's preemptions."""
+    if not plan.preempt:  # the common case: no generator to run
+        return view.decoding_count
     return view.decoding_count - sum(1 for rid in plan.preempt if view.is_decoding(rid))

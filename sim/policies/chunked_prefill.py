@@ -22,6 +22,7 @@ from sim.policies.base import (
     SchedulerView,
     admit_waiting,
     decoders_left,
+    head_refused,
     preempt_until,
     watermark,
 )
@@ -79,7 +80,21 @@ class ChunkedPrefillPolicy(Policy):
             if rid in plan.preempt:
                 continue
             tokens = min(budget, view.tokens_to_prefill(rid))
-            if preempt_until(view, plan, partial(view.kv.try_extend, rid, tokens), requester=rid):
+            # A refused try_extend changes nothing, so preempt_until may ask it again.
+            if view.kv.try_extend(rid, tokens) or preempt_until(
+                view, plan, partial(view.kv.try_extend, rid, tokens), requester=rid
+            ):
                 plan.prefill.append((rid, tokens))
                 budget -= tokens
         return budget
+
+    def decode_only(self, view: SchedulerView) -> bool:
+        """Decodes alone: no prefill under way, the step's blocks free, and no waiting request
+        admitted in the budget the decodes leave."""
+        if not view.decoding_count or view.prefilling_ids() or not view.kv.try_decode_step():
+            return False
+        budget = self.chunk_size - view.decoding_count * self.decode_tokens
+        room = self.max_running - view.running_count
+        if view.waiting_count and room > 0 and budget > 0:
+            return head_refused(view, budget, watermark(view), chunked=True)
+        return True

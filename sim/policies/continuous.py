@@ -9,7 +9,7 @@ prefilled in the same iteration as the running sequences' decode step.
 from __future__ import annotations
 
 from sim.config import ContinuousPolicyConfig
-from sim.policies.base import IterationPlan, Policy, SchedulerView, admit_waiting
+from sim.policies.base import IterationPlan, Policy, SchedulerView, admit_waiting, head_refused
 
 
 class ContinuousPolicy(Policy):
@@ -32,3 +32,11 @@ class ContinuousPolicy(Policy):
         if view.waiting_count and room > 0:
             admit_waiting(view, plan, room=room)
         return plan
+
+    def decode_only(self, view: SchedulerView) -> bool:
+        """Decoders and no joiner: an empty queue, a full batch, or a head whose reservation does not fit."""
+        if not view.decoding_count:
+            return False
+        if not view.waiting_count or view.running_count >= self.max_batch_size:
+            return True
+        return head_refused(view)

@@ -25,6 +25,7 @@ from sim.policies.base import (
     Policy,
     SchedulerView,
     admit_waiting,
+    head_refused,
     preempt_until,
     watermark,
 )
@@ -72,3 +73,13 @@ class PagedPolicy(Policy):
                 plan.steps = steps
             plan.decode = True
         return plan
+
+    def decode_only(self, view: SchedulerView) -> bool:
+        """Single-step decoding when no waiting request fits and the step's blocks are free."""
+        if self.num_scheduler_steps != 1 or not view.decoding_count:
+            return False
+        room = self.max_batch_size - view.running_count
+        if view.waiting_count and room > 0 and self.max_num_batched_tokens > 0:
+            if not head_refused(view, keep_free_fraction=watermark(view)):
+                return False
+        return view.kv.try_decode_step()

@@ -44,3 +44,7 @@ class StaticPolicy(Policy):
         if full or view.now_s >= deadline_s:
             return plan
         return IterationPlan(wake_at_s=deadline_s)
+
+    def decode_only(self, view: SchedulerView) -> bool:
+        """A running batch with members still decoding: nothing else can happen."""
+        return view.running_count > 0 and view.decoding_count > 0

@@ -104,6 +104,12 @@ class Clients:
         for rid in range(first):
             self._send(rid)
 
+    @property
+    def completions_inert(self) -> bool:
+        """Whether an ending request makes no client act (open loop): then completions may be
+        reported while a worker runs ahead of the clock (see ``Worker``)."""
+        return self._stream.closed_loop is None and self._stream.sessions is None
+
     def completed(self, rids: list[int]) -> None:
         """Requests a worker just completed."""
         for rid in rids:

@@ -220,6 +220,7 @@ class Engine:
                 audit_every=audit_every,
                 engine_cpu=engine_cpu,
                 merge_decode_steps=merge_decode_steps,
+                completions_inert=self.clients.completions_inert,
             )
             for state in self.states
         ]

@@ -270,6 +270,35 @@ class DecodeGroup:
                 finished.append(seq)
         return finished
 
+    def steps_before_finish(self) -> int:
+        """Steps the group can take before one may give a member its last token: ``k`` with
+        ``finishes_by(step + j)`` false for every j <= k (stale heap entries count, as there)."""
+        heap = self._finish_heap
+        return heap[0][0] - self.step - 1 if heap else 1 << 62
+
+    def block_need_cycle(self) -> list[int]:
+        """New blocks (paged memory) of each of the next steps, from the one after the next on:
+        entry ``j % block_size`` is ``blocks_needed(j + 1)``, if no member leaves meanwhile."""
+        per_residue, size, step = self._per_residue, self.block_size, self.step
+        return [per_residue[-(step + j + 1) % size] for j in range(size)]
+
+    def advance_steps(self, event_times: list[float]) -> None:
+        """``advance(t)`` for each ``t`` of ``event_times``, where the caller knows that no member
+        gets its last token (``steps_before_finish``): one stream event per step."""
+        steady = 0
+        for event_s in event_times:  # until the stream's run is steady, the full bookkeeping
+            if self.veterans == self._run_veterans and not self._joiners and self.veterans == self.count:
+                break
+            self.advance(event_s)
+            steady += 1
+        rest = len(event_times) - steady
+        if rest:  # each further event only appends its time
+            self.step += rest
+            self.kv_tokens += self.count * rest
+            self._event_times.extend(event_times[steady:])
+            self.event_s = event_times[-1]
+            self.event_step = self.step
+
     def credit_extra(self, seq: Seq, tokens: int) -> None:
         """Give the member ``tokens`` more tokens in the coming step (accepted speculative tokens).
 

@@ -319,6 +319,31 @@ class ReplicaState:
             return 0, 0, 0.0, decoders.count + self.idle_slots, decoders.kv_tokens + self.idle_slot_kv_tokens
         return 0, 0, 0.0, decoders.count, decoders.kv_tokens
 
+    def repeatable_decodes(self) -> int:
+        """How many more times in a row ``can_repeat_decode`` allows the pure decode pass just
+        begun to be repeated, as far as finishing members and cancellations go (paged memory:
+        each repeat's new blocks must also fit; see ``DecodeGroup.block_need_cycle``)."""
+        decoders = self.decoders
+        if self._cancelled or not decoders.count:
+            return 0
+        return max(0, decoders.steps_before_finish())
+
+    @property
+    def grows_per_step(self) -> bool:
+        """Whether decode steps allocate blocks as they go (paged memory), not from a reservation."""
+        return self._reserve is None
+
+    def repeat_decodes(self, ends: list[float], new_blocks: int) -> None:
+        """``repeat_decode`` once per end time in ``ends`` (the passes ended early), at once:
+        the caller checked ``repeatable_decodes`` and that the ``new_blocks`` they take are free."""
+        decoders = self.decoders
+        self.outstanding_tokens -= decoders.count * len(ends)
+        decoders.advance_steps(ends)
+        if new_blocks:
+            self.blocks.allocate(new_blocks)
+        self.now_s = ends[-1]
+        self.prefill_context_tokens = 0
+
     # ------------------------------------------------------------------ multi-step blocks
     def block_step(self) -> CostTotals:
         """Inside a multi-step block: take the decode step just run, prepare the next one.

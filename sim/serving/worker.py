@@ -13,10 +13,13 @@ the block starts: the worker prices them all and waits once, for their summed du
 With an ``engine_cpu`` model each pass also pays the engine's CPU time
 (:mod:`sim.serving.cpu_time`).
 
-Decode-step merging (``merge_decode_steps``, on by default): when a steady policy
-(``Policy.steady_decode``) plans a pure decode pass, the following passes are known too
-until something can change them, so the worker ends and begins them at once and waits
-once (:mod:`sim.serving.merge`). Results are identical with merging on and off.
+Decode-step merging (``merge_decode_steps``, on by default): the worker runs ahead of
+the SimPy clock while no other event is due, ending a pass and beginning the next one at
+its end without an event, and waits once (exactly) where something else may happen; when
+a steady policy (``Policy.steady_decode``) plans a pure decode pass, the following passes
+are known too until something can change them, and they are advanced in bulk
+(:mod:`sim.serving.merge`); a pure decode plan is reused when ``Policy.decode_only`` says
+the policy would build it again. Results are identical with merging on and off.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sim.metrics.records import IterationRecords
 from sim.policies.base import IterationPlan, Policy
 from sim.serving.clock import delay_until
 from sim.serving.cpu_time import EngineCPUTime
-from sim.serving.merge import merged_decode_passes
+from sim.serving.merge import MAX_AHEAD_PASSES, decode_span, pass_delays
 from sim.serving.state import CostTotals, ReplicaState
 
 
@@ -64,7 +67,10 @@ class Worker:
         engine_cpu: add this engine CPU-time model to every pass (None: the cost model's
             time only; give it a cost model without CPU overhead).
         merge_decode_steps: merge consecutive pure decode passes into one SimPy event where
-            nothing can fall between them (the policy and state must allow it).
+            nothing can fall between them (the policy and state must allow it), and run
+            passes ahead of the SimPy clock while no other event is due (see ``_run_ahead``).
+        completions_inert: ``on_completed`` schedules and sends nothing (open-loop clients),
+            so it may be called while the worker runs ahead of the clock.
 
     Attributes:
         pass_events: SimPy timeouts the worker waited on for its passes (one per pass, per
@@ -86,6 +92,7 @@ class Worker:
         audit_every: int = 4096,
         engine_cpu: EngineCPUConfig | None = None,
         merge_decode_steps: bool = True,
+        completions_inert: bool = False,
     ) -> None:
         self.state = state
         self.scheduler_calls = 0
@@ -102,11 +109,8 @@ class Worker:
         self.env = env
         self.price: Callable[..., float] = self._cost if self._cpu is None else self._priced_first
         """GPU (+ engine CPU) time of a pass that is the first of its scheduling step."""
-        self.record = iterations.append
-        self.record_decodes = iterations.extend_decode
-        self.on_completed = on_completed
-        self.on_iteration = on_iteration
         self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode
+        self._completions_inert = completions_inert
 
     def wake(self) -> None:
         """Work arrived: end the worker's idle wait, if it is waiting."""
@@ -114,7 +118,11 @@ class Worker:
             self._wake.succeed()
 
     def run(self) -> Generator[simpy.Event, Any, None]:
-        """The SimPy process body."""
+        """The SimPy process body: one timeout per pass, or running ahead (merging on)."""
+        yield from (self._run_ahead() if self._merge else self._run_plain())
+
+    def _run_plain(self) -> Generator[simpy.Event, Any, None]:
+        """One SimPy timeout per pass (per multi-step block): the reference behaviour."""
         # Everything the loop touches is bound to a local: it runs once per forward pass.
         env, state, schedule = self._env, self.state, self._policy.schedule
         record, index, blocks = self._iterations.append, state.index, state.blocks
@@ -148,13 +156,6 @@ class Worker:
                 if audit_every and before // audit_every != passes // audit_every:
                     state.audit()
                 continue
-            if self._merge and not plan.prefill and not plan.preempt and plan.steps == 1:
-                before = passes
-                passes += yield from merged_decode_passes(self, plan, start_s, totals, duration_s, used_blocks)
-                last_end_s = env.now
-                if audit_every and before // audit_every != passes // audit_every:
-                    state.audit()
-                continue
             self.pass_events += 1
             yield env.timeout(duration_s)
             last_end_s = env.now
@@ -169,6 +170,108 @@ class Worker:
             if audit_every and passes % audit_every == 0:
                 state.audit()
             on_iteration()
+
+    def _run_ahead(self) -> Generator[simpy.Event, Any, None]:
+        """Passes without SimPy events wherever none is needed (merging on).
+
+        The worker keeps its own clock (the end of its last pass), which may run ahead of
+        ``env.now``. While no other event is due before a pass ends (``horizon_s``: the next
+        event when the worker last resumed), nothing can observe or change the replica in
+        between, so the worker ends the pass and plans and begins the next one at its end
+        time without waiting: the same calls, with the same times, as one timeout per pass.
+        It waits (timeouts landing exactly on the pass ends, ``pass_delays``) only to end a
+        pass that ends at or after the horizon, to go idle, before a multi-step block, and
+        before completions reach clients that may react to them (closed loops). Pure decode
+        passes are repeated in bulk (``decode_span``), and a pure decode plan is reused without
+        building a new one when ``Policy.decode_only`` says the policy would plan it again.
+        """
+        env, state, policy, iterations = self._env, self.state, self._policy, self._iterations
+        schedule, decode_only = policy.schedule, policy.decode_only
+        record, record_run, index, blocks = iterations.append, iterations.extend_decode_run, state.index, state.blocks
+        price, inert, on_completed = self.price, self._completions_inert, self._on_completed
+        audit_every, on_iteration, inf = self._audit_every, self._on_iteration, math.inf
+        starts: list[float] = []  # passes begun since env.now and not waited for (starts[0] == env.now)
+        durations: list[float] = []
+        passes, clock, horizon_s = 0, env.now, env.peek()
+        reuse: IterationPlan | None = None  # the last plan, if a pure decode plan
+        while True:
+            start_s = clock
+            view = state.view(start_s)
+            if reuse is not None and decode_only(view):
+                plan = reuse  # the plan the policy would build: skip building it
+            else:
+                plan = schedule(view if reuse is None else state.view(start_s))  # decode_only may have asked the ledger
+                if not (plan.prefill or plan.decode):
+                    if state.running_count:
+                        raise RuntimeError(f"replica {index}: nothing planned, {state.running_count} running")
+                    if starts:
+                        yield from self._wait(starts, durations)
+                    yield from self._idle(plan.wake_at_s)
+                    clock, horizon_s, reuse = env.now, env.peek(), None
+                    continue
+            self.scheduler_calls += 1
+            totals = state.begin(plan, start_s)
+            used_blocks = blocks.used_blocks
+            duration_s = price(*totals)
+            if not 0.0 <= duration_s < inf:
+                raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+            if plan.steps > 1:
+                if starts:
+                    yield from self._wait(starts, durations)
+                before = passes
+                passes += yield from self._block(plan, start_s, totals, duration_s, used_blocks)
+                if audit_every and before // audit_every != passes // audit_every:
+                    state.audit()
+                clock, horizon_s, reuse = env.now, env.peek(), None
+                continue
+            starts.append(start_s)
+            durations.append(duration_s)
+            pure = not plan.prefill and not plan.preempt
+            merged = 0
+            if pure:
+                totals, used_blocks, merged = decode_span(
+                    state, price, horizon_s, totals, used_blocks, starts, durations, record_run
+                )
+                if merged:
+                    self.scheduler_calls += merged
+                    start_s, duration_s = starts[-1], durations[-1]
+                    for _ in range(merged):
+                        on_iteration()
+            end_s = start_s + duration_s
+            if end_s >= horizon_s or len(starts) >= MAX_AHEAD_PASSES:
+                yield from self._wait(starts, durations)
+                horizon_s = env.peek()
+            completed = state.end(plan, end_s)
+            record(
+                index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks,
+                totals[2], totals[4], state.prefill_context_tokens,
+            )  # fmt: skip
+            if completed:
+                if inert:
+                    on_completed(completed)
+                else:  # the clients may send or schedule: be on time, and look again afterwards
+                    if starts:
+                        yield from self._wait(starts, durations)
+                    on_completed(completed)
+                    horizon_s = env.peek()
+            before = passes
+            passes += merged + 1
+            if audit_every and before // audit_every != passes // audit_every:
+                state.audit()
+            on_iteration()
+            clock = end_s
+            reuse = plan if pure else None
+
+    def _wait(self, starts: list[float], durations: list[float]) -> Generator[simpy.Event, Any, None]:
+        """Wait until the last pass run ahead ends (exactly), then forget the passes."""
+        env = self._env
+        if starts[0] != env.now:
+            raise RuntimeError(f"replica {self.state.index}: passes run ahead from {starts[0]}, clock at {env.now}")
+        for delay_s in pass_delays(env.now, starts, durations):
+            self.pass_events += 1
+            yield env.timeout(delay_s)
+        starts.clear()
+        durations.clear()
 
     def _priced_first(self, *totals: Any) -> float:
         return self._priced(totals, first_of_step=True)
