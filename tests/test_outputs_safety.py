@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim import outputs
+from sim.io import outputs
 from sim.cli import main
 from sim.progress import RunProgress
 
@@ -164,7 +164,7 @@ def test_folder_mode_follows_the_umask(tmp_path: Path) -> None:
 KILLER = """
 import os, signal, sys
 import sim
-from sim import outputs
+from sim.io import outputs
 
 target, seed, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 result = sim.run(sim.load_scenario({quick!r}, {{"workload.requests": 30, "seed": seed}}))
