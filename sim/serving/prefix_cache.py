@@ -109,6 +109,10 @@ class PrefixCacheAllocator(BlockAllocator):
                 raise KVOverflowError(f"block {key} is not cached")
         self.hits_blocks += len(keys)
 
+    def evictions_for(self, blocks: int) -> int:
+        """Cached free blocks that allocating ``blocks`` more blocks now would evict."""
+        return max(0, self.used_blocks + blocks + self._free_cached - self.total_blocks)
+
     def allocate(self, blocks: int) -> None:
         """Take ``blocks`` fresh blocks, evicting least recently freed cached blocks if needed.
 

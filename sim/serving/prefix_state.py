@@ -58,9 +58,6 @@ class PrefixCacheState(ReplicaState):
     """
 
     blocks: PrefixCacheAllocator
-    # Blocks filled by decode become cache entries at the end of each pass (an end-of-pass hook
-    # the merged-pass fast path of the base class skips), so passes are never merged here.
-    merges_decode = False
 
     def __init__(self, *args: Any, content: PromptContent | None, cached_tokens: Any, **kwargs: Any) -> None:
         whole_prompt = kwargs.pop("whole_prompt", False)
@@ -75,12 +72,13 @@ class PrefixCacheState(ReplicaState):
         self._registered: dict[int, int] = {}  # running request -> blocks considered for registration
         self._peek: dict[int, tuple[list[int], int, int]] = {}  # this plan: rid -> (keys, hits, blocks hits take)
         self._victim_refs: dict[int, int] = {}  # this plan's victims: key -> victims holding it
+        self._peek_evicted = 0  # the allocator's evicted_blocks when this plan's lookups were made
         self._anonymous = content is None  # requests are unkeyed until preempted (module docstring)
         self._preemptions = self._records.preemptions
         self._keyed_pending = 0  # with no content: preempted requests not yet gone for good
         self._unkeyed_mode(self._anonymous)
 
-    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks")  # per-pass hooks
+    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks", "can_repeat_decode")  # per-pass hooks
     _UNKEYED_FAST_PAGED = ("admission_blocks", "_prepare_prefills")  # also, unless the whole prompt is allocated
 
     def _unkeyed_mode(self, on: bool) -> None:
@@ -180,8 +178,30 @@ class PrefixCacheState(ReplicaState):
             hits = self.blocks.match(keys, self._hit_limit(rid, len(keys)))
             blocks, victims = self.blocks, self._victim_refs
             taken = sum(1 for key in keys[:hits] if blocks.holders(key) - victims.get(key, 0) <= 0)
+            if not self._peek:  # the plan's first lookup: what the cache looked like for all of them
+                self._peek_evicted = blocks.evicted_blocks
             found = self._peek[rid] = (keys, hits, taken)
         return found
+
+    # ------------------------------------------------------------------ decode-step merging
+    def can_repeat_decode(self) -> bool:
+        """As the base, and while the cache the plan's lookups saw stays as it was.
+
+        A merged pass skips the policy, so the policy must have nothing new to see. In a pure
+        decode span nothing is registered, acquired or released, but the decode steps'
+        allocations may evict cached free blocks, shortening a queued request's hit run. A
+        chunk cut by the token budget then starts earlier and needs as many new blocks, but
+        each evicted hit stops taking a free block: its need falls as fast as the free
+        blocks, and as the decode steps' own needs vary it can fit at a later step (found by
+        search; tests/test_prefix_merge.py). So passes merge while the plan looked nothing
+        up, or nothing was evicted since its lookups and the next step evicts nothing.
+        """
+        if not super().can_repeat_decode():
+            return False
+        if not self._peek:  # the policy looked nothing up (nothing queued, no room, or unkeyed)
+            return True
+        blocks = self.blocks
+        return blocks.evicted_blocks == self._peek_evicted and not blocks.evictions_for(self.decoders.blocks_needed(1))
 
     # ------------------------------------------------------------------ engine API
     def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:
