@@ -78,24 +78,28 @@ class PrefixCacheState(ReplicaState):
         self._keyed_pending = 0  # with no content: preempted requests not yet gone for good
         self._unkeyed_mode(self._anonymous)
 
-    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks", "can_repeat_decode")  # per-pass hooks
+    # Per-pass and per-admission hooks (an unkeyed admission caches nothing: its column stays 0).
+    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks", "can_repeat_decode", "_admit")
     _UNKEYED_FAST_PAGED = ("admission_blocks", "_prepare_prefills")  # also, unless the whole prompt is allocated
 
     def _unkeyed_mode(self, on: bool) -> None:
         """While no request here is keyed, the base class's per-pass methods serve directly.
 
         Instance attributes shadow the overrides, so a run without content identity pays
-        nothing per pass; the overrides return with the first preemption (the victim gets
-        keys) and leave again once every preempted request has completed or gone.
+        nothing per pass, and a leaving request goes straight to :meth:`_remove_unkeyed`;
+        the overrides return with the first preemption (the victim gets keys) and leave
+        again once every preempted request has completed or gone. (A request runs on one
+        replica only, so while this one keys nobody, no request here has keys.)
         """
         names = self._UNKEYED_FAST + (() if self._whole else self._UNKEYED_FAST_PAGED)
         if on:  # the skipped view() no longer forgets the last plan's lookups
             self._peek.clear()
             self._victim_refs.clear()
-        for name in names:
-            if on:
+            for name in names:
                 setattr(self, name, getattr(super(), name))
-            else:
+            self.__dict__["_remove"] = self._remove_unkeyed  # every leaving request is unkeyed
+        else:
+            for name in (*names, "_remove"):
                 self.__dict__.pop(name, None)
 
     def abandon(self, rid: int, now_s: float) -> None:
@@ -275,22 +279,26 @@ class PrefixCacheState(ReplicaState):
 
     def _remove_unkeyed(self, seq: Seq) -> None:
         """Free an unkeyed request's blocks as if its computed full prompt blocks had been registered."""
-        rid, size = seq.rid, self.blocks.block_size
-        full = seq.prompt_tokens // size
-        registered = min(full, seq.computed_tokens // size) if seq.phase == PREFILL else full
-        held = self._held(seq)
-        if self._records.status[rid] == COMPLETED:
-            registered = max(registered, min(full, (seq.prompt_tokens + seq.output_tokens - 1) // size))
-            self.blocks.cache_anonymous(registered)  # nobody can hit them: one LRU run
-        else:  # preempted (or cancelled): its re-admission may hit them, so they get their keys
-            keys = unique_block_keys(rid, seq.prompt_tokens, size)[:registered]
-            self.blocks.unreference(self.blocks.register(keys))
-            if self._records.status[rid] == RUNNING:  # preempted: it comes back keyed
-                self._keyed_pending += 1
-                if self._keyed_pending == 1:
-                    self._unkeyed_mode(False)
-        self.blocks.release(held - registered)
+        blocks, full = self.blocks, seq.prompt_tokens // self.blocks.block_size
+        status = self._records.status[seq.rid]
+        if status == COMPLETED:  # its whole prompt was computed; nobody can hit its blocks: one LRU run
+            blocks.free_anonymous(self._held(seq), full)
+        else:
+            self._free_unkeyed_part(seq, full, status == RUNNING)
         self._forget(seq)
+
+    def _free_unkeyed_part(self, seq: Seq, full: int, preempted: bool) -> None:
+        """A preempted (or cancelled) request's computed full prompt blocks get their keys: its
+        re-admission may hit them; a preempted one comes back keyed."""
+        rid, blocks = seq.rid, self.blocks
+        registered = min(full, seq.computed_tokens // blocks.block_size) if seq.phase == PREFILL else full
+        held = self._held(seq)
+        blocks.unreference(blocks.register(unique_block_keys(rid, seq.prompt_tokens, blocks.block_size)[:registered]))
+        if preempted:
+            self._keyed_pending += 1
+            if self._keyed_pending == 1:
+                self._unkeyed_mode(False)
+        blocks.release(held - registered)
 
     def _forget(self, seq: Seq) -> None:
         self._leave_phase(seq)
