@@ -80,14 +80,15 @@ class EagerModel:
                 self.lru.append([self.last_run, cached])
 
 
+OPS = ["take", "write", "leave", "anonymous", "grow", "probe"]
 steps = st.lists(
-    st.tuples(st.sampled_from(["take", "write", "leave", "anonymous", "grow", "probe"]), st.integers(0, 3), st.integers(1, 6)),
+    st.tuples(st.sampled_from(OPS), st.integers(0, 3), st.integers(1, 6)),
     min_size=10,
     max_size=100,
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(steps=steps, total=st.integers(6, 24))
 def test_lazy_evictions_answer_as_eager_ones(steps: list[tuple[str, int, int]], total: int) -> None:
     cache, model = PrefixCacheAllocator(total, 16), EagerModel(total)

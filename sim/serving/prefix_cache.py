@@ -46,7 +46,7 @@ class PrefixCacheAllocator(BlockAllocator):
     """
 
     __slots__ = (
-        "_refcount", "_lru", "_free_cached", "_tail_run", "_settled",
+        "_refcount", "_lru", "_room", "_tail_run", "_settled",
         "shared_surplus", "hits_blocks", "evicted_blocks",
     )  # fmt: skip
 
@@ -55,7 +55,10 @@ class PrefixCacheAllocator(BlockAllocator):
         self._refcount: dict[int, int] = {}  # held cached blocks: key -> holders (>= 1)
         # Cached free blocks, eviction order first: key -> 1, or an anonymous run -> its blocks.
         self._lru: OrderedDict[object, int] = OrderedDict()
-        self._free_cached = 0  # blocks in the free list (runs count their blocks)
+        # Empty blocks: neither used nor cached (the free list holds total - used - room blocks). Kept
+        # rather than the free list's size because it stays small: per-block arithmetic on it
+        # allocates no int objects.
+        self._room = total_blocks
         # The free list is settled only when read (_settle), so that the per-request and per-block
         # calls of a run without keys touch no entry: anonymous blocks freed since the last keyed
         # entry are one run after all entries, still a count, and the first evicted_blocks -
@@ -69,7 +72,7 @@ class PrefixCacheAllocator(BlockAllocator):
     @property
     def cached_free_blocks(self) -> int:
         """Cached blocks no request holds: free, but reusable until evicted."""
-        return self._free_cached
+        return self.total_blocks - self.used_blocks - self._room
 
     @property
     def held_cached_blocks(self) -> int:
@@ -117,15 +120,14 @@ class PrefixCacheAllocator(BlockAllocator):
             elif key in lru:
                 del lru[key]
                 refcount[key] = 1
-                self.used_blocks += 1
-                self._free_cached -= 1
+                self.used_blocks += 1  # it leaves the free list: no room changes hands
             else:
                 raise KVOverflowError(f"block {key} is not cached")
         self.hits_blocks += len(keys)
 
     def evictions_for(self, blocks: int) -> int:
         """Cached free blocks that allocating ``blocks`` more blocks now would evict."""
-        return max(0, self.used_blocks + blocks + self._free_cached - self.total_blocks)
+        return max(0, blocks - self._room)
 
     def allocate(self, blocks: int) -> None:
         """Take ``blocks`` fresh blocks, evicting least recently freed cached blocks if needed.
@@ -137,10 +139,16 @@ class PrefixCacheAllocator(BlockAllocator):
         if used > self.total_blocks or blocks < 0:
             super().allocate(blocks)  # raises
         self.used_blocks = used
-        excess = used + self._free_cached - self.total_blocks
-        if excess > 0:  # evicted now, taken off the list when it is next read
-            self._free_cached -= excess
-            self.evicted_blocks += excess
+        room = self._room - blocks
+        if room < 0:  # evict the shortfall now; it is taken off the free list when that is next read
+            self.evicted_blocks -= room
+            room = 0
+        self._room = room
+
+    def release(self, blocks: int) -> None:
+        """Return ``blocks`` blocks that nobody can hit (they become empty, not cached)."""
+        super().release(blocks)
+        self._room += blocks
 
     def _settle(self) -> None:
         """Bring the free list up to date: append the pending anonymous run, then take the
@@ -193,8 +201,7 @@ class PrefixCacheAllocator(BlockAllocator):
             else:
                 del refcount[key]
                 lru[key] = 1
-                self.used_blocks -= 1
-                self._free_cached += 1
+                self.used_blocks -= 1  # it joins the free list: no room changes hands
 
     def free_anonymous(self, held: int, cached: int) -> None:
         """A leaving request frees its ``held`` used blocks; ``cached`` of them, that nobody can hit,
@@ -211,7 +218,7 @@ class PrefixCacheAllocator(BlockAllocator):
         if used < 0 or not 0 <= cached <= held:
             raise KVOverflowError(f"freeing {held} blocks ({cached} cached): only {self.used_blocks} in use")
         self.used_blocks = used
-        self._free_cached += cached
+        self._room += held - cached
         self._tail_run += cached
 
     def _append_tail_run(self) -> None:
@@ -222,8 +229,8 @@ class PrefixCacheAllocator(BlockAllocator):
     def check(self) -> None:
         """Assert the allocator's own invariants (called from the replica audit)."""
         self._settle()
-        assert self.used_blocks + self._free_cached <= self.total_blocks, "KV used + cached free > capacity"
-        assert self._free_cached == sum(self._lru.values()), "cached free count drifted"
+        assert self._room >= 0, "KV used + cached free > capacity"
+        assert self.cached_free_blocks == sum(self._lru.values()), "cached free count drifted"
         assert len(self._refcount) <= self.used_blocks, "more held cached blocks than used blocks"
         assert self.shared_surplus == sum(self._refcount.values()) - len(self._refcount), "shared surplus drifted"
         assert not any(key in self._lru for key in self._refcount), "a held block is on the free list"

@@ -31,6 +31,10 @@ still take their place in eviction order), a preempted one's under its unique ke
 (:func:`~sim.workload.content.unique_block_keys`), tail first, so its re-admission hits
 them exactly as before; from then on it is keyed like any request. Results are the same
 as keying every block; the per-pass hooks are O(1) while nothing is keyed.
+
+**Decode-step merging** (:mod:`sim.serving.merge`) works as for the base state (the
+end-of-pass registration only concerns prefill pieces), except that it stops where an
+eviction could change what the policy looked up in the cache (:meth:`can_repeat_decode`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ from sim.serving.sequences import PREFILL, Seq
 from sim.serving.state import ReplicaState
 from sim.workload.content import PromptContent, unique_block_keys
 
+# The base class's hooks as plain functions for the overrides that run once per pass or per
+# admission: CPython 3.11 looks ``super().name`` and ``ReplicaState.name`` up on every call.
+_base_view = ReplicaState.view
+_base_end = ReplicaState.end
+_base_can_repeat_decode = ReplicaState.can_repeat_decode
+_base_tokens_to_prefill = ReplicaState.tokens_to_prefill
+_base_held_blocks = ReplicaState.held_blocks
+_base_admit = ReplicaState._admit
+
 
 class PrefixCacheState(ReplicaState):
     """Replica state whose KV allocator caches and shares full prompt blocks.
@@ -58,6 +71,12 @@ class PrefixCacheState(ReplicaState):
     """
 
     blocks: PrefixCacheAllocator
+    # Slots keep the instance dict to the base class's attributes: CPython 3.11 shares the keys of
+    # at most 30 instance attributes, and its call sites cache method lookups only when they are shared.
+    __slots__ = (
+        "_whole", "_content", "_cached_tokens", "_keys", "_refs", "_registered", "_peek", "_victim_refs",
+        "_peek_evicted", "_anonymous", "_preemptions", "_keyed_pending", "_unkeyed",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, content: PromptContent | None, cached_tokens: Any, **kwargs: Any) -> None:
         whole_prompt = kwargs.pop("whole_prompt", False)
@@ -76,34 +95,20 @@ class PrefixCacheState(ReplicaState):
         self._anonymous = content is None  # requests are unkeyed until preempted (module docstring)
         self._preemptions = self._records.preemptions
         self._keyed_pending = 0  # with no content: preempted requests not yet gone for good
-        self._unkeyed_mode(self._anonymous)
-
-    # Per-pass and per-admission hooks (an unkeyed admission caches nothing: its column stays 0).
-    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks", "can_repeat_decode", "_admit")
-    _UNKEYED_FAST_PAGED = ("admission_blocks", "_prepare_prefills")  # also, unless the whole prompt is allocated
+        self._unkeyed = self._anonymous  # no request here is keyed (module docstring)
 
     def _unkeyed_mode(self, on: bool) -> None:
-        """While no request here is keyed, the base class's per-pass methods serve directly.
+        """While no request here is keyed, the per-pass and per-admission hooks go straight to
+        the base class, so a run without content identity pays next to nothing per pass.
 
-        Instance attributes shadow the overrides, so a run without content identity pays
-        nothing per pass, and a leaving request goes straight to :meth:`_remove_unkeyed`;
-        the overrides return with the first preemption (the victim gets keys) and leave
-        again once every preempted request has completed or gone. (A request runs on one
-        replica only, so while this one keys nobody, no request here has keys.)
+        It ends with the first preemption (the victim gets keys) and returns once every
+        preempted request has completed or gone. (A request runs on one replica only, so
+        while this one keys nobody, no request here has keys and every lookup is a miss.)
         """
-        names = self._UNKEYED_FAST + (() if self._whole else self._UNKEYED_FAST_PAGED)
-        if on:  # the skipped view() no longer forgets the last plan's lookups
-            self._peek.clear()
-            self._victim_refs.clear()
-            for name in names:
-                setattr(self, name, getattr(super(), name))
-            self.__dict__["_remove"] = self._remove_unkeyed  # every leaving request is unkeyed
-        else:
-            for name in (*names, "_remove"):
-                self.__dict__.pop(name, None)
+        self._unkeyed = on
 
     def abandon(self, rid: int, now_s: float) -> None:
-        """As the base; a queued keyed request that times out no longer keeps the overrides on."""
+        """As the base; a queued keyed request that times out may end the keyed mode."""
         queued_keyed = self._anonymous and self._records.status[rid] == WAITING and self._preemptions[rid]
         super().abandon(rid, now_s)
         if queued_keyed:
@@ -121,13 +126,13 @@ class PrefixCacheState(ReplicaState):
             self._peek.clear()
         if self._victim_refs:
             self._victim_refs.clear()
-        return super().view(now_s)
+        return _base_view(self, now_s)
 
     def tokens_to_prefill(self, rid: int) -> int:
         """As the base, less the cached prefix a queued request would start with."""
-        if rid in self.running or (self._anonymous and not self._preemptions[rid]):
-            return super().tokens_to_prefill(rid)
-        return super().tokens_to_prefill(rid) - self._lookup(rid)[1] * self.blocks.block_size
+        if self._unkeyed or rid in self.running or (self._anonymous and not self._preemptions[rid]):
+            return _base_tokens_to_prefill(self, rid)
+        return _base_tokens_to_prefill(self, rid) - self._lookup(rid)[1] * self.blocks.block_size
 
     def cached_prefix_blocks(self, rid: int) -> int:
         """Leading blocks of ``rid``'s prompt cached here now (what a cache-aware router asks)."""
@@ -138,6 +143,8 @@ class PrefixCacheState(ReplicaState):
 
     def admission_blocks(self, rid: int, tokens: int) -> int:
         """New blocks for the uncached part, plus cached hits that stop being free."""
+        if self._unkeyed and not self._whole:  # no hits: the base's answer
+            return self.blocks.blocks_for(tokens)
         _, hits, taken = self._lookup(rid)
         size = self.blocks.block_size
         if self._whole:
@@ -146,17 +153,19 @@ class PrefixCacheState(ReplicaState):
 
     def held_blocks(self, rid: int) -> int:
         """Blocks that become free if ``rid`` is preempted (asked by the ledger for each victim)."""
+        if self._unkeyed:
+            return _base_held_blocks(self, rid)
         self._peek.clear()  # a joiner looked up before this victim would miscount its hits
         refs = self._refs.get(rid)
         if not refs:  # nothing shared (an unkeyed request's blocks are all its own)
-            return super().held_blocks(rid)
+            return _base_held_blocks(self, rid)
         blocks, victims = self.blocks, self._victim_refs
         kept = 0
         for key in refs:
             held_elsewhere = blocks.holders(key) - victims.get(key, 0) > 1
             kept += held_elsewhere
             victims[key] = victims.get(key, 0) + 1
-        return super().held_blocks(rid) - kept
+        return _base_held_blocks(self, rid) - kept
 
     # ------------------------------------------------------------------ lookups
     def request_keys(self, rid: int) -> list[int]:
@@ -200,7 +209,7 @@ class PrefixCacheState(ReplicaState):
         search; tests/test_prefix_merge.py). So passes merge while the plan looked nothing
         up, or nothing was evicted since its lookups and the next step evicts nothing.
         """
-        if not super().can_repeat_decode():
+        if not _base_can_repeat_decode(self):
             return False
         if not self._peek:  # the policy looked nothing up (nothing queued, no room, or unkeyed)
             return True
@@ -215,6 +224,8 @@ class PrefixCacheState(ReplicaState):
         then are the whole-prompt grants allocated: one joiner's grant evicting the cached
         blocks the next joiner matched at planning would leave that joiner a hit on nothing.
         """
+        if self._unkeyed and not self._whole:  # nothing to take, nothing granted here
+            return
         running = self.running
         joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
         if self._whole:
@@ -225,8 +236,10 @@ class PrefixCacheState(ReplicaState):
                 seq.blocks += grow
 
     def _admit(self, rid: int, now_s: float) -> Seq:
+        if self._unkeyed:  # an unkeyed admission caches nothing: its column stays 0
+            return _base_admit(self, rid, now_s)
         found = self._lookup(rid)
-        seq = super()._admit(rid, now_s)
+        seq = _base_admit(self, rid, now_s)
         if found is _NO_HITS:  # unkeyed: nothing cached, nothing to track
             self._cached_tokens[rid] = 0
             return seq
@@ -250,7 +263,7 @@ class PrefixCacheState(ReplicaState):
                 seq = running.get(rid)
                 if seq is not None and seq.phase == PREFILL and rid in keyed:
                     self._register(rid, seq.computed_tokens)
-        return super().end(plan, now_s)
+        return _base_end(self, plan, now_s)
 
     def _register(self, rid: int, computed_tokens: int) -> None:
         keys, start = self._keys[rid], self._registered[rid]
@@ -281,7 +294,7 @@ class PrefixCacheState(ReplicaState):
         """Free an unkeyed request's blocks as if its computed full prompt blocks had been registered."""
         blocks, full = self.blocks, seq.prompt_tokens // self.blocks.block_size
         status = self._records.status[seq.rid]
-        if status == COMPLETED:  # its whole prompt was computed; nobody can hit its blocks: one LRU run
+        if status == COMPLETED:  # computed up to its last token: all its full prompt blocks; nobody can hit them
             blocks.free_anonymous(self._held(seq), full)
         else:
             self._free_unkeyed_part(seq, full, status == RUNNING)
