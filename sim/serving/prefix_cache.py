@@ -112,17 +112,20 @@ class PrefixCacheAllocator(BlockAllocator):
         if self._tail_run or self.evicted_blocks != self._settled:
             self._settle()
         refcount, lru = self._refcount, self._lru
+        shared = taken = 0  # counted here, added once: a long prompt hits hundreds of blocks
         for key in keys:
             holders = refcount.get(key, 0)
             if holders:
                 refcount[key] = holders + 1
-                self.shared_surplus += 1
+                shared += 1
             elif key in lru:
                 del lru[key]
                 refcount[key] = 1
-                self.used_blocks += 1  # it leaves the free list: no room changes hands
+                taken += 1
             else:
                 raise KVOverflowError(f"block {key} is not cached")
+        self.shared_surplus += shared
+        self.used_blocks += taken  # they leave the free list: no room changes hands
         self.hits_blocks += len(keys)
 
     def evictions_for(self, blocks: int) -> int:
@@ -161,12 +164,11 @@ class PrefixCacheAllocator(BlockAllocator):
         excess, lru = self.evicted_blocks - self._settled, self._lru
         self._settled = self.evicted_blocks
         while excess:
-            key = next(iter(lru))
-            blocks = lru[key]
-            if blocks > excess:  # part of an anonymous run: the rest keeps its place
+            key, blocks = lru.popitem(last=False)
+            if blocks > excess:  # part of an anonymous run: the rest keeps its place, first
                 lru[key] = blocks - excess
+                lru.move_to_end(key, last=False)
                 return
-            del lru[key]
             excess -= blocks
 
     def register(self, keys: Sequence[int]) -> list[int]:
@@ -193,15 +195,18 @@ class PrefixCacheAllocator(BlockAllocator):
         if self._tail_run:  # it was freed before these blocks
             self._append_tail_run()
         refcount, lru = self._refcount, self._lru
+        shared = freed = 0
         for key in reversed(keys):
             holders = refcount[key] - 1
             if holders:
                 refcount[key] = holders
-                self.shared_surplus -= 1
+                shared += 1
             else:
                 del refcount[key]
                 lru[key] = 1
-                self.used_blocks -= 1  # it joins the free list: no room changes hands
+                freed += 1
+        self.shared_surplus -= shared
+        self.used_blocks -= freed  # they join the free list: no room changes hands
 
     def free_anonymous(self, held: int, cached: int) -> None:
         """A leaving request frees its ``held`` used blocks; ``cached`` of them, that nobody can hit,
