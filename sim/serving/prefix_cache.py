@@ -21,7 +21,7 @@ by the replica state (:mod:`sim.serving.prefix_state`).
 
 Blocks that no later request can ever hit (a finished request's blocks without content
 identity) keep their place in the LRU order, so eviction is unchanged, but as one
-anonymous *run* entry of n blocks instead of n keyed entries (:meth:`cache_anonymous`):
+anonymous *run* entry of n blocks instead of n keyed entries (:meth:`free_anonymous`):
 freeing and evicting them costs O(1) per request rather than O(blocks).
 """
 
@@ -45,15 +45,26 @@ class PrefixCacheAllocator(BlockAllocator):
         evicted_blocks: cached free blocks evicted to make room.
     """
 
-    __slots__ = ("_refcount", "_lru", "_free_cached", "_last_run", "shared_surplus", "hits_blocks", "evicted_blocks")
+    __slots__ = (
+        "_refcount", "_lru", "_room", "_tail_run", "_settled",
+        "shared_surplus", "hits_blocks", "evicted_blocks",
+    )  # fmt: skip
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         super().__init__(total_blocks, block_size)
         self._refcount: dict[int, int] = {}  # held cached blocks: key -> holders (>= 1)
         # Cached free blocks, eviction order first: key -> 1, or an anonymous run -> its blocks.
         self._lru: OrderedDict[object, int] = OrderedDict()
-        self._free_cached = 0  # blocks in _lru (runs count their blocks)
-        self._last_run: _AnonymousRun | None = None  # the newest anonymous run (merged into when last)
+        # Empty blocks: neither used nor cached (the free list holds total - used - room blocks). Kept
+        # rather than the free list's size because it stays small: per-block arithmetic on it
+        # allocates no int objects.
+        self._room = total_blocks
+        # The free list is settled only when read (_settle), so that the per-request and per-block
+        # calls of a run without keys touch no entry: anonymous blocks freed since the last keyed
+        # entry are one run after all entries, still a count, and the first evicted_blocks -
+        # _settled blocks of the list are evicted but still there.
+        self._tail_run = 0
+        self._settled = 0
         self.shared_surplus = 0
         self.hits_blocks = 0
         self.evicted_blocks = 0
@@ -61,7 +72,7 @@ class PrefixCacheAllocator(BlockAllocator):
     @property
     def cached_free_blocks(self) -> int:
         """Cached blocks no request holds: free, but reusable until evicted."""
-        return self._free_cached
+        return self.total_blocks - self.used_blocks - self._room
 
     @property
     def held_cached_blocks(self) -> int:
@@ -74,10 +85,14 @@ class PrefixCacheAllocator(BlockAllocator):
 
     def is_cached(self, key: int) -> bool:
         """Whether a block with this key is cached (held or free)."""
+        if self._tail_run or self.evicted_blocks != self._settled:
+            self._settle()
         return key in self._refcount or key in self._lru
 
     def match(self, keys: Sequence[int], limit: int) -> int:
         """Length of the longest run of leading ``keys`` that are cached, at most ``limit``."""
+        if self._tail_run or self.evicted_blocks != self._settled:
+            self._settle()
         refcount, lru = self._refcount, self._lru
         hits = 0
         for key in keys[:limit]:
@@ -94,20 +109,28 @@ class PrefixCacheAllocator(BlockAllocator):
         Raises:
             KVOverflowError: a key is not cached (the caller should have matched first).
         """
+        if self._tail_run or self.evicted_blocks != self._settled:
+            self._settle()
         refcount, lru = self._refcount, self._lru
+        shared = taken = 0  # counted here, added once: a long prompt hits hundreds of blocks
         for key in keys:
             holders = refcount.get(key, 0)
             if holders:
                 refcount[key] = holders + 1
-                self.shared_surplus += 1
+                shared += 1
             elif key in lru:
                 del lru[key]
                 refcount[key] = 1
-                self.used_blocks += 1
-                self._free_cached -= 1
+                taken += 1
             else:
                 raise KVOverflowError(f"block {key} is not cached")
+        self.shared_surplus += shared
+        self.used_blocks += taken  # they leave the free list: no room changes hands
         self.hits_blocks += len(keys)
+
+    def evictions_for(self, blocks: int) -> int:
+        """Cached free blocks that allocating ``blocks`` more blocks now would evict."""
+        return max(0, blocks - self._room)
 
     def allocate(self, blocks: int) -> None:
         """Take ``blocks`` fresh blocks, evicting least recently freed cached blocks if needed.
@@ -119,21 +142,33 @@ class PrefixCacheAllocator(BlockAllocator):
         if used > self.total_blocks or blocks < 0:
             super().allocate(blocks)  # raises
         self.used_blocks = used
-        excess = used + self._free_cached - self.total_blocks
-        if excess > 0:
-            self._evict(excess)
+        room = self._room - blocks
+        if room < 0:  # evict the shortfall now; it is taken off the free list when that is next read
+            self.evicted_blocks -= room
+            room = 0
+        self._room = room
 
-    def _evict(self, excess: int) -> None:
-        self._free_cached -= excess
-        self.evicted_blocks += excess
-        lru = self._lru
+    def release(self, blocks: int) -> None:
+        """Return ``blocks`` blocks that nobody can hit (they become empty, not cached)."""
+        super().release(blocks)
+        self._room += blocks
+
+    def _settle(self) -> None:
+        """Bring the free list up to date: append the pending anonymous run, then take the
+        evictions off its front, oldest first.
+
+        Whatever was freed after an eviction comes after the blocks it took, so the same
+        blocks go as if each allocation had evicted at once.
+        """
+        self._append_tail_run()
+        excess, lru = self.evicted_blocks - self._settled, self._lru
+        self._settled = self.evicted_blocks
         while excess:
-            key = next(iter(lru))
-            blocks = lru[key]
-            if blocks > excess:  # part of an anonymous run: the rest keeps its place
+            key, blocks = lru.popitem(last=False)
+            if blocks > excess:  # part of an anonymous run: the rest keeps its place, first
                 lru[key] = blocks - excess
+                lru.move_to_end(key, last=False)
                 return
-            del lru[key]
             excess -= blocks
 
     def register(self, keys: Sequence[int]) -> list[int]:
@@ -144,6 +179,8 @@ class PrefixCacheAllocator(BlockAllocator):
             (computed concurrently by another request) is left out: that copy stays private
             to its request, as vLLM keeps duplicates uncached.
         """
+        if self._tail_run or self.evicted_blocks != self._settled:
+            self._settle()
         refcount, lru = self._refcount, self._lru
         fresh = [key for key in keys if key not in refcount and key not in lru]
         refcount.update(dict.fromkeys(fresh, 1))
@@ -155,38 +192,50 @@ class PrefixCacheAllocator(BlockAllocator):
         Blocks that lose their last holder become cached free blocks; freeing the tail
         first makes it the first evicted, as vLLM does (a prefix outlives its extensions).
         """
+        if self._tail_run:  # it was freed before these blocks
+            self._append_tail_run()
         refcount, lru = self._refcount, self._lru
+        shared = freed = 0
         for key in reversed(keys):
             holders = refcount[key] - 1
             if holders:
                 refcount[key] = holders
-                self.shared_surplus -= 1
+                shared += 1
             else:
                 del refcount[key]
                 lru[key] = 1
-                self.used_blocks -= 1
-                self._free_cached += 1
+                freed += 1
+        self.shared_surplus -= shared
+        self.used_blocks -= freed  # they join the free list: no room changes hands
 
-    def cache_anonymous(self, blocks: int) -> None:
-        """A leaving request's ``blocks`` used blocks that nobody can hit join the free list as one run.
+    def free_anonymous(self, held: int, cached: int) -> None:
+        """A leaving request frees its ``held`` used blocks; ``cached`` of them, that nobody can hit,
+        join the free list as one run.
 
         They are evicted in LRU order like keyed blocks (so eviction of the others is the
-        same as if they had been registered under unique keys), but cost O(1).
+        same as if they had been registered under unique keys), but cost O(1): runs freed
+        one after another are one count until a keyed block follows them or the list is read.
+
+        Raises:
+            KVOverflowError: more blocks are freed than are in use, or more cached than freed.
         """
-        if blocks > 0:
-            self.used_blocks -= blocks
-            self._free_cached += blocks
-            lru = self._lru
-            if lru and next(reversed(lru)) is self._last_run:
-                lru[self._last_run] += blocks  # adjacent runs merge: still the most recently freed
-            else:
-                self._last_run = _AnonymousRun()
-                lru[self._last_run] = blocks
+        used = self.used_blocks - held
+        if used < 0 or not 0 <= cached <= held:
+            raise KVOverflowError(f"freeing {held} blocks ({cached} cached): only {self.used_blocks} in use")
+        self.used_blocks = used
+        self._room += held - cached
+        self._tail_run += cached
+
+    def _append_tail_run(self) -> None:
+        if self._tail_run:
+            self._lru[_AnonymousRun()] = self._tail_run
+            self._tail_run = 0
 
     def check(self) -> None:
         """Assert the allocator's own invariants (called from the replica audit)."""
-        assert self.used_blocks + self._free_cached <= self.total_blocks, "KV used + cached free > capacity"
-        assert self._free_cached == sum(self._lru.values()), "cached free count drifted"
+        self._settle()
+        assert self._room >= 0, "KV used + cached free > capacity"
+        assert self.cached_free_blocks == sum(self._lru.values()), "cached free count drifted"
         assert len(self._refcount) <= self.used_blocks, "more held cached blocks than used blocks"
         assert self.shared_surplus == sum(self._refcount.values()) - len(self._refcount), "shared surplus drifted"
         assert not any(key in self._lru for key in self._refcount), "a held block is on the free list"

@@ -31,6 +31,10 @@ still take their place in eviction order), a preempted one's under its unique ke
 (:func:`~sim.workload.content.unique_block_keys`), tail first, so its re-admission hits
 them exactly as before; from then on it is keyed like any request. Results are the same
 as keying every block; the per-pass hooks are O(1) while nothing is keyed.
+
+**Decode-step merging** (:mod:`sim.serving.merge`) works as for the base state (the
+end-of-pass registration only concerns prefill pieces), except that it stops where an
+eviction could change what the policy looked up in the cache (:meth:`can_repeat_decode`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ from sim.serving.sequences import PREFILL, Seq
 from sim.serving.state import ReplicaState
 from sim.workload.content import PromptContent, unique_block_keys
 
+# The base class's hooks as plain functions for the overrides that run once per pass or per
+# admission: CPython 3.11 looks ``super().name`` and ``ReplicaState.name`` up on every call.
+_base_view = ReplicaState.view
+_base_end = ReplicaState.end
+_base_can_repeat_decode = ReplicaState.can_repeat_decode
+_base_tokens_to_prefill = ReplicaState.tokens_to_prefill
+_base_held_blocks = ReplicaState.held_blocks
+_base_admit = ReplicaState._admit
+
 
 class PrefixCacheState(ReplicaState):
     """Replica state whose KV allocator caches and shares full prompt blocks.
@@ -58,9 +71,12 @@ class PrefixCacheState(ReplicaState):
     """
 
     blocks: PrefixCacheAllocator
-    # Blocks filled by decode become cache entries at the end of each pass (an end-of-pass hook
-    # the merged-pass fast path of the base class skips), so passes are never merged here.
-    merges_decode = False
+    # Slots keep the instance dict to the base class's attributes: CPython 3.11 shares the keys of
+    # at most 30 instance attributes, and its call sites cache method lookups only when they are shared.
+    __slots__ = (
+        "_whole", "_content", "_cached_tokens", "_keys", "_refs", "_registered", "_peek", "_victim_refs",
+        "_peek_evicted", "_anonymous", "_preemptions", "_keyed_pending", "_unkeyed",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, content: PromptContent | None, cached_tokens: Any, **kwargs: Any) -> None:
         whole_prompt = kwargs.pop("whole_prompt", False)
@@ -75,33 +91,24 @@ class PrefixCacheState(ReplicaState):
         self._registered: dict[int, int] = {}  # running request -> blocks considered for registration
         self._peek: dict[int, tuple[list[int], int, int]] = {}  # this plan: rid -> (keys, hits, blocks hits take)
         self._victim_refs: dict[int, int] = {}  # this plan's victims: key -> victims holding it
+        self._peek_evicted = 0  # the allocator's evicted_blocks when this plan's lookups were made
         self._anonymous = content is None  # requests are unkeyed until preempted (module docstring)
         self._preemptions = self._records.preemptions
         self._keyed_pending = 0  # with no content: preempted requests not yet gone for good
-        self._unkeyed_mode(self._anonymous)
-
-    _UNKEYED_FAST = ("view", "end", "tokens_to_prefill", "held_blocks")  # per-pass hooks
-    _UNKEYED_FAST_PAGED = ("admission_blocks", "_prepare_prefills")  # also, unless the whole prompt is allocated
+        self._unkeyed = self._anonymous  # no request here is keyed (module docstring)
 
     def _unkeyed_mode(self, on: bool) -> None:
-        """While no request here is keyed, the base class's per-pass methods serve directly.
+        """While no request here is keyed, the per-pass and per-admission hooks go straight to
+        the base class, so a run without content identity pays next to nothing per pass.
 
-        Instance attributes shadow the overrides, so a run without content identity pays
-        nothing per pass; the overrides return with the first preemption (the victim gets
-        keys) and leave again once every preempted request has completed or gone.
+        It ends with the first preemption (the victim gets keys) and returns once every
+        preempted request has completed or gone. (A request runs on one replica only, so
+        while this one keys nobody, no request here has keys and every lookup is a miss.)
         """
-        names = self._UNKEYED_FAST + (() if self._whole else self._UNKEYED_FAST_PAGED)
-        if on:  # the skipped view() no longer forgets the last plan's lookups
-            self._peek.clear()
-            self._victim_refs.clear()
-        for name in names:
-            if on:
-                setattr(self, name, getattr(super(), name))
-            else:
-                self.__dict__.pop(name, None)
+        self._unkeyed = on
 
     def abandon(self, rid: int, now_s: float) -> None:
-        """As the base; a queued keyed request that times out no longer keeps the overrides on."""
+        """As the base; a queued keyed request that times out may end the keyed mode."""
         queued_keyed = self._anonymous and self._records.status[rid] == WAITING and self._preemptions[rid]
         super().abandon(rid, now_s)
         if queued_keyed:
@@ -119,13 +126,13 @@ class PrefixCacheState(ReplicaState):
             self._peek.clear()
         if self._victim_refs:
             self._victim_refs.clear()
-        return super().view(now_s)
+        return _base_view(self, now_s)
 
     def tokens_to_prefill(self, rid: int) -> int:
         """As the base, less the cached prefix a queued request would start with."""
-        if rid in self.running or (self._anonymous and not self._preemptions[rid]):
-            return super().tokens_to_prefill(rid)
-        return super().tokens_to_prefill(rid) - self._lookup(rid)[1] * self.blocks.block_size
+        if self._unkeyed or rid in self.running or (self._anonymous and not self._preemptions[rid]):
+            return _base_tokens_to_prefill(self, rid)
+        return _base_tokens_to_prefill(self, rid) - self._lookup(rid)[1] * self.blocks.block_size
 
     def cached_prefix_blocks(self, rid: int) -> int:
         """Leading blocks of ``rid``'s prompt cached here now (what a cache-aware router asks)."""
@@ -136,6 +143,8 @@ class PrefixCacheState(ReplicaState):
 
     def admission_blocks(self, rid: int, tokens: int) -> int:
         """New blocks for the uncached part, plus cached hits that stop being free."""
+        if self._unkeyed and not self._whole:  # no hits: the base's answer
+            return self.blocks.blocks_for(tokens)
         _, hits, taken = self._lookup(rid)
         size = self.blocks.block_size
         if self._whole:
@@ -144,17 +153,19 @@ class PrefixCacheState(ReplicaState):
 
     def held_blocks(self, rid: int) -> int:
         """Blocks that become free if ``rid`` is preempted (asked by the ledger for each victim)."""
+        if self._unkeyed:
+            return _base_held_blocks(self, rid)
         self._peek.clear()  # a joiner looked up before this victim would miscount its hits
         refs = self._refs.get(rid)
         if not refs:  # nothing shared (an unkeyed request's blocks are all its own)
-            return super().held_blocks(rid)
+            return _base_held_blocks(self, rid)
         blocks, victims = self.blocks, self._victim_refs
         kept = 0
         for key in refs:
             held_elsewhere = blocks.holders(key) - victims.get(key, 0) > 1
             kept += held_elsewhere
             victims[key] = victims.get(key, 0) + 1
-        return super().held_blocks(rid) - kept
+        return _base_held_blocks(self, rid) - kept
 
     # ------------------------------------------------------------------ lookups
     def request_keys(self, rid: int) -> list[int]:
@@ -180,8 +191,30 @@ class PrefixCacheState(ReplicaState):
             hits = self.blocks.match(keys, self._hit_limit(rid, len(keys)))
             blocks, victims = self.blocks, self._victim_refs
             taken = sum(1 for key in keys[:hits] if blocks.holders(key) - victims.get(key, 0) <= 0)
+            if not self._peek:  # the plan's first lookup: what the cache looked like for all of them
+                self._peek_evicted = blocks.evicted_blocks
             found = self._peek[rid] = (keys, hits, taken)
         return found
+
+    # ------------------------------------------------------------------ decode-step merging
+    def can_repeat_decode(self) -> bool:
+        """As the base, and while the cache the plan's lookups saw stays as it was.
+
+        A merged pass skips the policy, so the policy must have nothing new to see. In a pure
+        decode span nothing is registered, acquired or released, but the decode steps'
+        allocations may evict cached free blocks, shortening a queued request's hit run. A
+        chunk cut by the token budget then starts earlier and needs as many new blocks, but
+        each evicted hit stops taking a free block: its need falls as fast as the free
+        blocks, and as the decode steps' own needs vary it can fit at a later step (found by
+        search; tests/test_prefix_merge.py). So passes merge while the plan looked nothing
+        up, or nothing was evicted since its lookups and the next step evicts nothing.
+        """
+        if not _base_can_repeat_decode(self):
+            return False
+        if not self._peek:  # the policy looked nothing up (nothing queued, no room, or unkeyed)
+            return True
+        blocks = self.blocks
+        return blocks.evicted_blocks == self._peek_evicted and not blocks.evictions_for(self.decoders.blocks_needed(1))
 
     # ------------------------------------------------------------------ engine API
     def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:
@@ -191,6 +224,8 @@ class PrefixCacheState(ReplicaState):
         then are the whole-prompt grants allocated: one joiner's grant evicting the cached
         blocks the next joiner matched at planning would leave that joiner a hit on nothing.
         """
+        if self._unkeyed and not self._whole:  # nothing to take, nothing granted here
+            return
         running = self.running
         joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
         if self._whole:
@@ -201,8 +236,10 @@ class PrefixCacheState(ReplicaState):
                 seq.blocks += grow
 
     def _admit(self, rid: int, now_s: float) -> Seq:
+        if self._unkeyed:  # an unkeyed admission caches nothing: its column stays 0
+            return _base_admit(self, rid, now_s)
         found = self._lookup(rid)
-        seq = super()._admit(rid, now_s)
+        seq = _base_admit(self, rid, now_s)
         if found is _NO_HITS:  # unkeyed: nothing cached, nothing to track
             self._cached_tokens[rid] = 0
             return seq
@@ -226,7 +263,7 @@ class PrefixCacheState(ReplicaState):
                 seq = running.get(rid)
                 if seq is not None and seq.phase == PREFILL and rid in keyed:
                     self._register(rid, seq.computed_tokens)
-        return super().end(plan, now_s)
+        return _base_end(self, plan, now_s)
 
     def _register(self, rid: int, computed_tokens: int) -> None:
         keys, start = self._keys[rid], self._registered[rid]
@@ -255,22 +292,26 @@ class PrefixCacheState(ReplicaState):
 
     def _remove_unkeyed(self, seq: Seq) -> None:
         """Free an unkeyed request's blocks as if its computed full prompt blocks had been registered."""
-        rid, size = seq.rid, self.blocks.block_size
-        full = seq.prompt_tokens // size
-        registered = min(full, seq.computed_tokens // size) if seq.phase == PREFILL else full
-        held = self._held(seq)
-        if self._records.status[rid] == COMPLETED:
-            registered = max(registered, min(full, (seq.prompt_tokens + seq.output_tokens - 1) // size))
-            self.blocks.cache_anonymous(registered)  # nobody can hit them: one LRU run
-        else:  # preempted (or cancelled): its re-admission may hit them, so they get their keys
-            keys = unique_block_keys(rid, seq.prompt_tokens, size)[:registered]
-            self.blocks.unreference(self.blocks.register(keys))
-            if self._records.status[rid] == RUNNING:  # preempted: it comes back keyed
-                self._keyed_pending += 1
-                if self._keyed_pending == 1:
-                    self._unkeyed_mode(False)
-        self.blocks.release(held - registered)
+        blocks, full = self.blocks, seq.prompt_tokens // self.blocks.block_size
+        status = self._records.status[seq.rid]
+        if status == COMPLETED:  # computed up to its last token: all its full prompt blocks; nobody can hit them
+            blocks.free_anonymous(self._held(seq), full)
+        else:
+            self._free_unkeyed_part(seq, full, status == RUNNING)
         self._forget(seq)
+
+    def _free_unkeyed_part(self, seq: Seq, full: int, preempted: bool) -> None:
+        """A preempted (or cancelled) request's computed full prompt blocks get their keys: its
+        re-admission may hit them; a preempted one comes back keyed."""
+        rid, blocks = seq.rid, self.blocks
+        registered = min(full, seq.computed_tokens // blocks.block_size) if seq.phase == PREFILL else full
+        held = self._held(seq)
+        blocks.unreference(blocks.register(unique_block_keys(rid, seq.prompt_tokens, blocks.block_size)[:registered]))
+        if preempted:
+            self._keyed_pending += 1
+            if self._keyed_pending == 1:
+                self._unkeyed_mode(False)
+        blocks.release(held - registered)
 
     def _forget(self, seq: Seq) -> None:
         self._leave_phase(seq)
