@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.io import outputs
 from sim.cli import main
+from sim.io import outputs
 from sim.progress import RunProgress
 
 REPO = Path(__file__).resolve().parents[1]

@@ -80,7 +80,7 @@ def decode_span(
     useds: list[int] | int = used_blocks
     if state.grows_per_step:  # paged: each repeat's new blocks must fit (else the policy preempts)
         cycle = state.decoders.block_need_cycle()
-        size, free = len(cycle), state.blocks.free_blocks
+        size, free = len(cycle), state.span_free_blocks()
         useds = [used]
         add_used = useds.append
         while done < limit and end_s < horizon_s:

@@ -75,6 +75,11 @@ class PrefixCacheAllocator(BlockAllocator):
         return self.total_blocks - self.used_blocks - self._room
 
     @property
+    def empty_blocks(self) -> int:
+        """Free blocks holding no cached content: allocating up to this many evicts nothing."""
+        return self._room
+
+    @property
     def held_cached_blocks(self) -> int:
         """Cached blocks held by at least one request."""
         return len(self._refcount)

@@ -34,7 +34,7 @@ as keying every block; the per-pass hooks are O(1) while nothing is keyed.
 
 **Decode-step merging** (:mod:`sim.serving.merge`) works as for the base state (the
 end-of-pass registration only concerns prefill pieces), except that it stops where an
-eviction could change what the policy looked up in the cache (:meth:`can_repeat_decode`).
+eviction could change what the policy looked up in the cache (:meth:`repeatable_decodes`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from sim.workload.content import PromptContent, unique_block_keys
 # admission: CPython 3.11 looks ``super().name`` and ``ReplicaState.name`` up on every call.
 _base_view = ReplicaState.view
 _base_end = ReplicaState.end
-_base_can_repeat_decode = ReplicaState.can_repeat_decode
+_base_repeatable_decodes = ReplicaState.repeatable_decodes
 _base_tokens_to_prefill = ReplicaState.tokens_to_prefill
 _base_held_blocks = ReplicaState.held_blocks
 _base_admit = ReplicaState._admit
@@ -197,8 +197,8 @@ class PrefixCacheState(ReplicaState):
         return found
 
     # ------------------------------------------------------------------ decode-step merging
-    def can_repeat_decode(self) -> bool:
-        """As the base, and while the cache the plan's lookups saw stays as it was.
+    def repeatable_decodes(self) -> int:
+        """As the base, and none once the cache the plan's lookups saw has changed.
 
         A merged pass skips the policy, so the policy must have nothing new to see. In a pure
         decode span nothing is registered, acquired or released, but the decode steps'
@@ -207,14 +207,16 @@ class PrefixCacheState(ReplicaState):
         each evicted hit stops taking a free block: its need falls as fast as the free
         blocks, and as the decode steps' own needs vary it can fit at a later step (found by
         search; tests/test_prefix_merge.py). So passes merge while the plan looked nothing
-        up, or nothing was evicted since its lookups and the next step evicts nothing.
+        up, or nothing was evicted since its lookups (and, :meth:`span_free_blocks`, the
+        repeats evict nothing).
         """
-        if not _base_can_repeat_decode(self):
-            return False
-        if not self._peek:  # the policy looked nothing up (nothing queued, no room, or unkeyed)
-            return True
-        blocks = self.blocks
-        return blocks.evicted_blocks == self._peek_evicted and not blocks.evictions_for(self.decoders.blocks_needed(1))
+        if self._peek and self.blocks.evicted_blocks != self._peek_evicted:
+            return 0
+        return _base_repeatable_decodes(self)
+
+    def span_free_blocks(self) -> int:
+        """All free blocks while the plan looked nothing up; else only the empty ones (no eviction)."""
+        return self.blocks.empty_blocks if self._peek else self.blocks.free_blocks
 
     # ------------------------------------------------------------------ engine API
     def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:

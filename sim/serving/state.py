@@ -37,9 +37,9 @@ class ReplicaState:
     """Queue, running batch and KV blocks of one replica.
 
     Class attribute ``merges_decode``: the worker may merge consecutive pure decode passes
-    of this state into one SimPy event (:meth:`can_repeat_decode`); subclasses whose pass
-    outcome depends on more than the decode group (speculative acceptance, pool hand-offs
-    at every boundary) set it False.
+    of this state into one SimPy event (:meth:`repeatable_decodes`, :meth:`repeat_decodes`);
+    subclasses whose pass outcome depends on more than the decode group (speculative
+    acceptance, pool hand-offs at every boundary) set it False.
 
     Args:
         index: replica number.
@@ -293,40 +293,20 @@ class ReplicaState:
             self._end_static_batch()
         return completed
 
-    def can_repeat_decode(self) -> bool:
-        """Whether the pure decode pass just begun may be ended early and begun once more.
-
-        True when no member gets its last token in it, no cancellation waits for its end,
-        and (paged memory) the following step's new blocks are free, so that a steady
-        policy (``Policy.steady_decode``) would plan the same pass again without preempting.
-        """
-        decoders = self.decoders
-        if self._cancelled or not decoders.count or decoders.finishes_by(decoders.step + 1):
-            return False
-        return self._reserve is not None or decoders.blocks_needed(1) <= self.blocks.free_blocks
-
-    def repeat_decode(self, plan: IterationPlan, end_s: float) -> CostTotals:
-        """``end(plan, end_s)`` then ``begin(plan, end_s)`` for a pure decode pass that
-        ``can_repeat_decode`` allowed (nothing finishes or is cancelled), in one call."""
-        decoders = self.decoders
-        self.outstanding_tokens -= decoders.count
-        decoders.advance(end_s)
-        if self._reserve is None:
-            self.blocks.allocate(decoders.blocks_needed())
-        self.now_s = end_s
-        self.prefill_context_tokens = 0
-        if plan.charge_idle_slots:
-            return 0, 0, 0.0, decoders.count + self.idle_slots, decoders.kv_tokens + self.idle_slot_kv_tokens
-        return 0, 0, 0.0, decoders.count, decoders.kv_tokens
-
     def repeatable_decodes(self) -> int:
-        """How many more times in a row ``can_repeat_decode`` allows the pure decode pass just
-        begun to be repeated, as far as finishing members and cancellations go (paged memory:
-        each repeat's new blocks must also fit; see ``DecodeGroup.block_need_cycle``)."""
+        """How many more times in a row the pure decode pass just begun may be repeated (ended
+        early and begun again, as a steady policy would plan it), as far as finishing members
+        and cancellations go (paged memory: each repeat's new blocks must also fit within
+        :meth:`span_free_blocks`; see ``DecodeGroup.block_need_cycle``)."""
         decoders = self.decoders
         if self._cancelled or not decoders.count:
             return 0
         return max(0, decoders.steps_before_finish())
+
+    def span_free_blocks(self) -> int:
+        """Free blocks the repeats of a merged decode span may take (paged memory): all of them here;
+        a subclass whose policy could see an allocation's side effects offers fewer."""
+        return self.blocks.free_blocks
 
     @property
     def grows_per_step(self) -> bool:
