@@ -7,8 +7,9 @@
    blocks join the LRU as anonymous runs, the state's hooks go straight to the base class
    while nothing is keyed, and decode passes merge as with caching off
    (``sim.serving.prefix_state``); what remains is counting the evictions of each allocation
-   and one free-list run per finished request. Measured 1.03-1.06 on two shared cores (about
-   4 % more instructions under callgrind); it was ~1.25 when caching kept passes from merging.
+   and one free-list run per finished request. Three runs on two shared cores printed 0.90,
+   1.03 and 1.06 (the machine's noise; callgrind counts about 4 % more instructions with
+   caching on); it was ~1.25 when caching kept passes from merging.
 2. ``scenarios/prefix/mooncake_conversation.yaml`` (12,031 requests), caching on, wall time.
    Target: under 30 s; measured 17-21 s.
 """

@@ -122,8 +122,8 @@ def test_sessions_merge_identically(case: tuple[object, object, dict[str, object
 )
 @pytest.mark.parametrize("kv_blocks", [300, 1500])
 def test_a_mooncake_slice_merges_identically(policy: object, kv_blocks: int) -> None:
-    """300 conversation requests (prompts clipped to 2,048 tokens), on caches that evict."""
-    trace = clip_prompts(load_mooncake(CONVERSATION, 300), 2048)
+    """200 conversation requests (prompts clipped to 2,048 tokens), on caches that evict."""
+    trace = clip_prompts(load_mooncake(CONVERSATION, 200), 2048)
     stream = RequestStream(trace.arrival_s, trace.prompt_tokens, np.minimum(trace.output_tokens, 200),
                            200, content=trace.content)  # fmt: skip
     off, on = _check_merge_identical(stream, policy, {"kv_blocks": kv_blocks, "block_size": 16, "replicas": 2})
