@@ -118,3 +118,11 @@ def disagg_scenario(**disaggregation: object) -> dict:
         "policies": [{"name": "vllm-v0", "kind": "paged", "max_batch_size": 256, "max_num_batched_tokens": 8192}],
         "disaggregation": {"name": "1p1d", "prefill": pool, "decode": pool, **disaggregation},
     }
+
+
+def assert_same_records(off: object, on: object) -> None:
+    """Two engine outputs hold identical request, iteration and inter-token records, to the last bit."""
+    import pandas as pd
+
+    for table in ("requests", "iterations", "itl"):
+        pd.testing.assert_frame_equal(getattr(off, table), getattr(on, table), check_exact=True)

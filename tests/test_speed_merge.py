@@ -9,9 +9,8 @@ inter-token gaps must match bit for bit, and so must the scheduler-step counts.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, assert_same_records, make_stream
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_engine_invariants import COST, runs
@@ -28,19 +27,13 @@ def _run(stream, policy, kwargs, merge: bool) -> tuple[Engine, object]:
     return engine, engine.run()
 
 
-def _assert_identical(off, on) -> None:
-    pd.testing.assert_frame_equal(off.requests, on.requests, check_exact=True)
-    pd.testing.assert_frame_equal(off.iterations, on.iterations, check_exact=True)
-    pd.testing.assert_frame_equal(off.itl, on.itl, check_exact=True)
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs())
 def test_merging_on_and_off_give_identical_records(case):
     stream, policy, kwargs = case
     engine_off, off = _run(stream, policy, kwargs, merge=False)
     engine_on, on = _run(stream, policy, kwargs, merge=True)
-    _assert_identical(off, on)
+    assert_same_records(off, on)
     assert [w.scheduler_calls for w in engine_off.workers] == [w.scheduler_calls for w in engine_on.workers]
     events_off = sum(w.pass_events for w in engine_off.workers)
     events_on = sum(w.pass_events for w in engine_on.workers)
@@ -64,7 +57,7 @@ def test_a_lone_burst_decodes_in_few_events(policy) -> None:
     kwargs = dict(kv_blocks=200, block_size=4)
     engine_off, off = _run(stream, policy, kwargs, merge=False)
     engine_on, on = _run(stream, policy, kwargs, merge=True)
-    _assert_identical(off, on)
+    assert_same_records(off, on)
     passes = len(on.iterations)
     assert engine_off.workers[0].pass_events == passes
     assert engine_on.workers[0].pass_events <= 2 + 4  # the prefill, then one run per completion
@@ -108,4 +101,4 @@ def test_engine_cpu_and_tight_kv_merge_identically() -> None:
     cost = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
     outs = [Engine(stream, policy, cost, merge_decode_steps=m, **kwargs).run() for m in (False, True)]
     assert outs[0].requests["preemptions"].sum() > 0
-    _assert_identical(*outs)
+    assert_same_records(*outs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, assert_same_records, make_stream
 from hypothesis import HealthCheck, event, given, settings
 from test_engine_invariants import COST, runs
 
@@ -61,12 +61,6 @@ class CheckedPolicy(Policy):
 def _run(stream, policy, kwargs, merge: bool, cost=COST):
     engine = Engine(stream, policy, cost, audit_every=1, merge_decode_steps=merge, **kwargs)
     return engine, engine.run()
-
-
-def _assert_identical(off, on) -> None:
-    pd.testing.assert_frame_equal(off.requests, on.requests, check_exact=True)
-    pd.testing.assert_frame_equal(off.iterations, on.iterations, check_exact=True)
-    pd.testing.assert_frame_equal(off.itl, on.itl, check_exact=True)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -115,7 +109,7 @@ def test_kv_pressure_timeouts_and_retries_merge_identically(policy, replicas) ->
     cost = LinearCost(base_s=0.004, per_token_s=1e-4, per_kv_token_s=2e-6)
     engine_off, off = _run(stream, policy, kwargs, merge=False, cost=cost)
     engine_on, on = _run(stream, policy, kwargs, merge=True, cost=cost)
-    _assert_identical(off, on)
+    assert_same_records(off, on)
     assert [w.scheduler_calls for w in engine_off.workers] == [w.scheduler_calls for w in engine_on.workers]
     assert (off.requests["status"] == "timed_out").any()
     if policy.kind == "paged":
@@ -134,7 +128,7 @@ def test_a_burst_with_nothing_else_due_runs_ahead_in_bounded_steps(policy) -> No
     kwargs = dict(kv_blocks=2000, block_size=16)
     engine_off, off = _run(stream, policy, kwargs, merge=False)
     engine_on, on = _run(stream, policy, kwargs, merge=True)
-    _assert_identical(off, on)
+    assert_same_records(off, on)
     passes = len(on.iterations)
     events = engine_on.workers[0].pass_events
     assert passes // MAX_AHEAD_PASSES <= events <= passes // MAX_AHEAD_PASSES + 4

@@ -169,12 +169,7 @@ def summary_table(summary: Any) -> str:
 
 
 def _legend(cdf: data.CdfSeries) -> str:
-    text = f"{cdf.label}: p50 {data.format_ms(cdf.p50_ms)}, p99 {data.format_ms(cdf.p99_ms)}"
-    if cdf.timed_out_frac:
-        text += f", timed out {cdf.timed_out_frac:.1%}"
-    if cdf.rejected_frac:
-        text += f", rejected {cdf.rejected_frac:.1%}"
-    return html.escape(text)
+    return html.escape(data.cdf_legend(cdf))
 
 
 def _facts_line(result: RunData) -> str:

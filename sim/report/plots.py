@@ -87,12 +87,7 @@ def _plain_number(value: float, _position: float) -> str:
 
 
 def _cdf_label(cdf: data.CdfSeries) -> str:
-    text = f"{cdf.label}: p50 {data.format_ms(cdf.p50_ms)}, p99 {data.format_ms(cdf.p99_ms)}"
-    if cdf.timed_out_frac:
-        text += f", timed out {cdf.timed_out_frac:.1%}"
-    if cdf.rejected_frac:
-        text += f", rejected {cdf.rejected_frac:.1%} (not on the curve)"
-    return text
+    return data.cdf_legend(cdf, rejected_note=" (not on the curve)")
 
 
 def _timeout_mark(ax: Axes, timeout_s: float, cdfs: list[data.CdfSeries]) -> None:

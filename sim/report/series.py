@@ -129,6 +129,16 @@ def _cdf(label: str, group: pd.DataFrame, metric: str, timeout_s: float | None, 
     )
 
 
+def cdf_legend(cdf: CdfSeries, rejected_note: str = "") -> str:
+    """A CDF line's legend: its p50 and p99, and the timed-out and rejected shares when there are any."""
+    text = f"{cdf.label}: p50 {format_ms(cdf.p50_ms)}, p99 {format_ms(cdf.p99_ms)}"
+    if cdf.timed_out_frac:
+        text += f", timed out {cdf.timed_out_frac:.1%}"
+    if cdf.rejected_frac:
+        text += f", rejected {cdf.rejected_frac:.1%}{rejected_note}"
+    return text
+
+
 def format_ms(value: float) -> str:
     """A latency in ms for legends: 3-4 significant figures, thousands separated; NaN: "not reached"."""
     if not math.isfinite(value):
