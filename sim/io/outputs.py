@@ -389,16 +389,17 @@ def write_trace(result: RunData, path: Path) -> None:
 def write_tables(result: RunData, folder: Path) -> None:
     """summary.csv/.md, requests.csv, iterations.csv (sampled if huge; .parquet with metrics.format: parquet),
     scenario.resolved.yaml."""
+    from sim.io.csv_writer import write_csv
     from sim.report.tables import summary_markdown
 
-    result.summary.to_csv(folder / "summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+    write_csv(result.summary, folder / "summary.csv", CSV_FLOAT_FORMAT)
     (folder / "summary.md").write_text(_summary_md(result, summary_markdown))
     if wants_parquet(result.scenario, summary_only=result.summary_only):
         write_records_parquet(result, folder)
     elif not result.summary_only:  # --summary-only: the records were never kept
-        result.requests.to_csv(folder / "requests.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+        write_csv(result.requests, folder / "requests.csv", CSV_FLOAT_FORMAT)
         # Already every k-th pass per policy, sampled in memory (k: facts["iterations_every"]).
-        result.iterations.to_csv(folder / "iterations.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+        write_csv(result.iterations, folder / "iterations.csv", CSV_FLOAT_FORMAT)
     (folder / RESOLVED_YAML).write_text(resolved_yaml(result))
 
 
