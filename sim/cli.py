@@ -7,6 +7,7 @@ subcommands are thin: they parse arguments, call the library, and print or write
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import warnings
@@ -146,6 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.report.html import require_plotly
 
         require_plotly()
+    # What is loaded by now lives until exit: spare the per-policy collections (runner) scanning it.
+    gc.freeze()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
