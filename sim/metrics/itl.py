@@ -60,15 +60,40 @@ class ITLRecorder:
     def to_frame(self) -> pd.DataFrame:
         """The gaps as a DataFrame (``ITL_COLUMNS``: float64 gap_s, int64 count >= 1).
 
-        Rows are grouped by source, not in time order. The recorder is emptied.
+        Rows are grouped by source, not in time order. The recorder is emptied; each source
+        is freed once copied (peak: the table plus one source, not the table twice).
         """
-        parts = [(np.frombuffer(self._gaps, dtype=np.float64), np.frombuffer(self._counts, dtype=np.int32))]
-        parts += [stream.gaps_and_counts() for stream in self._streams]
+        plain = _WeightedGaps(np.frombuffer(self._gaps, dtype=np.float64), np.frombuffer(self._counts, dtype=np.int32))
+        sources: list[_WeightedGaps | EventStream] = [plain, *self._streams]
         self._new_buffers()
-        gaps = np.concatenate([gap for gap, _ in parts])
-        counts = np.concatenate([count for _, count in parts]).astype(np.int64)
-        keep = counts > 0
-        return pd.DataFrame({"gap_s": gaps[keep], "count": counts[keep]}, copy=False)
+        total = sum(source.kept() for source in sources)
+        gaps, counts = np.empty(total, dtype=np.float64), np.empty(total, dtype=np.int64)
+        at = 0
+        while sources:
+            at = sources.pop(0).copy_kept(gaps, counts, at)
+        return pd.DataFrame({"gap_s": gaps, "count": counts}, copy=False)
+
+
+_EVENTS_PER_SLICE = 1 << 20
+
+
+class _WeightedGaps:
+    """Gaps with their counts, as ``ITLRecorder.add`` and the joiners of a stream record them."""
+
+    def __init__(self, gaps: np.ndarray, counts: np.ndarray) -> None:
+        self.gaps, self.counts = gaps, counts
+
+    def kept(self) -> int:
+        """Entries with a positive count (the rows they become)."""
+        return int(np.count_nonzero(self.counts > 0))
+
+    def copy_kept(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
+        """Write the kept entries into ``gaps``/``counts`` from ``at``; return where they end."""
+        keep = self.counts > 0
+        end = at + int(np.count_nonzero(keep))
+        gaps[at:end] = self.gaps[keep]
+        counts[at:end] = self.counts[keep]
+        return end
 
 
 class EventStream:
@@ -89,17 +114,44 @@ class EventStream:
         self.gaps = array("d")
         self.counts = array("i")
 
-    def gaps_and_counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """All weighted gaps: per event the veterans' gap since the previous event (the
-        first: since t = 0) and their count, then the other entries."""
+    def kept(self) -> int:
+        """Rows this stream becomes: events with veterans, and joiners' gaps with a positive count."""
+        starts, counts = self._runs()
+        lengths = np.diff(starts, append=len(self.times))
+        joiners = np.frombuffer(self.counts, dtype=np.int32)
+        return int(lengths[counts > 0].sum()) + int(np.count_nonzero(joiners > 0))
+
+    def copy_kept(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
+        """Per event the veterans' gap since the previous event (the first: since t = 0) and
+        their count, then the joiners' entries; only positive counts, from ``at`` on. The
+        stream is emptied afterwards (its arrays give their memory back)."""
+        at = self._copy_events(gaps, counts, at)
+        joiners = _WeightedGaps(np.frombuffer(self.gaps, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int32))
+        at = joiners.copy_kept(gaps, counts, at)
+        del joiners  # its views pin the arrays
+        for buffer in (self.times, self.run_starts, self.run_counts, self.gaps, self.counts):
+            del buffer[:]
+        return at
+
+    def _copy_events(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
+        """The events' part of :meth:`copy_kept`, a slice of events at a time (bounded temporaries)."""
         times = np.frombuffer(self.times, dtype=np.float64)
-        starts = np.frombuffer(self.run_starts, dtype=np.int64)
+        starts, run_counts = self._runs()
         veterans = np.zeros(len(times), dtype=np.int32)
         if len(starts):
-            lengths = np.diff(starts, append=len(times))
-            veterans[starts[0] :] = np.repeat(np.frombuffer(self.run_counts, dtype=np.int32), lengths)
-        gaps = np.concatenate([np.diff(times, prepend=0.0), np.frombuffer(self.gaps, dtype=np.float64)])
-        return gaps, np.concatenate([veterans, np.frombuffer(self.counts, dtype=np.int32)])
+            veterans[starts[0] :] = np.repeat(run_counts, np.diff(starts, append=len(times)))
+        previous = 0.0
+        for first in range(0, len(times), _EVENTS_PER_SLICE):
+            part, weights = times[first : first + _EVENTS_PER_SLICE], veterans[first : first + _EVENTS_PER_SLICE]
+            keep = weights > 0
+            end = at + int(np.count_nonzero(keep))
+            gaps[at:end] = np.diff(part, prepend=previous)[keep]
+            counts[at:end] = weights[keep]
+            at, previous = end, float(part[-1])
+        return at
+
+    def _runs(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.frombuffer(self.run_starts, dtype=np.int64), np.frombuffer(self.run_counts, dtype=np.int32)
 
 
 def empty_itl_frame() -> pd.DataFrame:
