@@ -33,7 +33,7 @@ from sim.metrics.records import RUNNING, IterationRecords, RequestRecords
 from sim.policies import make_policy
 from sim.policies.base import VLLM_WATERMARK_FRACTION
 from sim.serving.clients import Clients
-from sim.serving.engine import PROGRESS_EVERY_ITERATIONS, ProgressCallback, SimOutput, run_to_end
+from sim.serving.engine import ProgressCallback, SimOutput, passed_progress_mark, run_to_end
 from sim.serving.kv_cache import BlockAllocator
 from sim.serving.kv_link import Link, TransferModel
 from sim.serving.pool_state import PoolReplicaState
@@ -143,9 +143,10 @@ class DisaggEngine:
     def _wake(self, replica: int) -> None:
         self.workers[replica].wake()
 
-    def _tick(self) -> None:
-        self._passes += 1
-        if self._progress is not None and self._passes % PROGRESS_EVERY_ITERATIONS == 0:
+    def _tick(self, passes: int) -> None:
+        before = self._passes
+        self._passes += passes
+        if self._progress is not None and passed_progress_mark(before, self._passes):
             self._progress(self.env.now, self.clients.finished)
 
     # ------------------------------------------------------------------ hand-off and transfer

@@ -38,6 +38,11 @@ ProgressCallback = Callable[[float, int], None]
 PROGRESS_EVERY_ITERATIONS = 4096
 
 
+def passed_progress_mark(passes_before: int, passes_now: int) -> bool:
+    """Whether the pass count went past a multiple of ``PROGRESS_EVERY_ITERATIONS`` (time to report)."""
+    return passes_before // PROGRESS_EVERY_ITERATIONS != passes_now // PROGRESS_EVERY_ITERATIONS
+
+
 @dataclass(frozen=True)
 class SimOutput:
     """Records of one simulated run.
@@ -236,9 +241,10 @@ class Engine:
     def _wake(self, replica: int) -> None:
         self.workers[replica].wake()
 
-    def _tick(self) -> None:
-        self._passes += 1
-        if self._progress is not None and self._passes % PROGRESS_EVERY_ITERATIONS == 0:
+    def _tick(self, passes: int) -> None:
+        before = self._passes
+        self._passes += passes
+        if self._progress is not None and passed_progress_mark(before, self._passes):
             self._progress(self.env.now, self.clients.finished)
 
     def _check_finished(self) -> None:

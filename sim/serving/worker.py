@@ -62,7 +62,8 @@ class Worker:
         cost_model: prices each pass.
         iterations: where each pass is recorded.
         on_completed: called with the request ids each pass completed.
-        on_iteration: called after every pass (progress reporting).
+        on_iteration: called with the number of passes that just ended (progress reporting):
+            once per pass, or once for a merged run or a multi-step block.
         audit_every: check the replica's invariants every this many passes (0: never).
         engine_cpu: add this engine CPU-time model to every pass (None: the cost model's
             time only; give it a cost model without CPU overhead).
@@ -88,7 +89,7 @@ class Worker:
         iterations: IterationRecords,
         *,
         on_completed: Callable[[list[int]], None],
-        on_iteration: Callable[[], None],
+        on_iteration: Callable[[int], None],
         audit_every: int = 4096,
         engine_cpu: EngineCPUConfig | None = None,
         merge_decode_steps: bool = True,
@@ -169,7 +170,7 @@ class Worker:
             passes += 1
             if audit_every and passes % audit_every == 0:
                 state.audit()
-            on_iteration()
+            on_iteration(1)
 
     def _run_ahead(self) -> Generator[simpy.Event, Any, None]:
         """Passes without SimPy events wherever none is needed (merging on).
@@ -235,8 +236,6 @@ class Worker:
                 if merged:
                     self.scheduler_calls += merged
                     start_s, duration_s = starts[-1], durations[-1]
-                    for _ in range(merged):
-                        on_iteration()
             end_s = start_s + duration_s
             if end_s >= horizon_s or len(starts) >= MAX_AHEAD_PASSES:
                 yield from self._wait(starts, durations)
@@ -258,7 +257,7 @@ class Worker:
             passes += merged + 1
             if audit_every and before // audit_every != passes // audit_every:
                 state.audit()
-            on_iteration()
+            on_iteration(merged + 1)
             clock = end_s
             reuse = plan if pure else None
 
@@ -312,8 +311,7 @@ class Worker:
             record(index, pass_start_s, pass_s, decodes, prefill, decodes, used, work, kv_tokens, 0)
         if completed:
             self._on_completed(completed)
-        for _ in passes:
-            self._on_iteration()
+        self._on_iteration(len(passes))
         return len(passes)
 
     def _idle(self, wake_at_s: float | None) -> Generator[simpy.Event, Any, None]:
