@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config import ContinuousPolicyConfig, PagedPolicyConfig
+from sim.metrics import itl as itl_module
 from sim.metrics.itl import ITL_COLUMNS, ITLRecorder, empty_itl_frame, itl_stats
 from sim.metrics.summary import percentile
 from sim.serving.engine import SimOutput, simulate
@@ -111,3 +112,24 @@ def test_a_preempted_request_resumes_its_stream_with_the_token_of_its_re_prefill
     assert int(out.itl["count"].sum()) == int((req["output_tokens"] - 1).sum())
     # The preempted request's longest gap spans its time out of the batch.
     assert out.itl["gap_s"].max() > 5 * 0.01
+
+
+@pytest.mark.parametrize("events_per_slice", [1, 2, 3, 1 << 20])
+def test_to_frame_gives_the_event_memory_back_and_keeps_the_rows(events_per_slice, monkeypatch):
+    """The recorder's event times are emptied once copied (the table needs no second copy of
+    them), and the rows, whatever the slice size, are one per stream event with veterans, then
+    the joiners' gaps with a positive count."""
+    monkeypatch.setattr(itl_module, "_EVENTS_PER_SLICE", events_per_slice)
+    recorder = ITLRecorder()
+    stream = recorder.new_stream()
+    stream.times.extend([1.0, 1.5, 2.5, 4.0])
+    stream.run_starts.extend([1, 3])  # no veterans at the first event, 2 from the second, 0 from the fourth
+    stream.run_counts.extend([2, 0])
+    stream.gaps.extend([0.25, 0.75])
+    stream.counts.extend([1, 0])
+    recorder.add(9.0, 4)
+    frame = recorder.to_frame()
+    assert frame["gap_s"].tolist() == [9.0, 0.5, 1.0, 0.25]
+    assert frame["count"].tolist() == [4, 2, 2, 1]
+    assert frame["count"].dtype == np.int64
+    assert len(stream.times) == len(stream.run_starts) == len(stream.gaps) == 0

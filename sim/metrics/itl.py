@@ -16,6 +16,7 @@ interpolation), computed without expanding it.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -60,17 +61,23 @@ class ITLRecorder:
     def to_frame(self) -> pd.DataFrame:
         """The gaps as a DataFrame (``ITL_COLUMNS``: float64 gap_s, int64 count >= 1).
 
-        Rows are grouped by source, not in time order. The recorder is emptied; each source
-        is freed once copied (peak: the table plus one source, not the table twice).
+        Rows are grouped by source, not in time order. The recorder is emptied. The gaps are
+        copied first, then the event times (most of the memory) are given back, then the
+        counts are filled, with temporaries bounded by slices of events.
         """
-        plain = _WeightedGaps(np.frombuffer(self._gaps, dtype=np.float64), np.frombuffer(self._counts, dtype=np.int32))
+        plain = _WeightedGaps(self._gaps, self._counts)
         sources: list[_WeightedGaps | EventStream] = [plain, *self._streams]
         self._new_buffers()
         total = sum(source.kept() for source in sources)
-        gaps, counts = np.empty(total, dtype=np.float64), np.empty(total, dtype=np.int64)
+        gaps = np.empty(total, dtype=np.float64)
+        at = 0
+        for source in sources:
+            at = source.copy_gaps(gaps, at)
+            source.release_times()
+        counts = np.empty(total, dtype=np.int64)
         at = 0
         while sources:
-            at = sources.pop(0).copy_kept(gaps, counts, at)
+            at = sources.pop(0).copy_counts(counts, at)
         return pd.DataFrame({"gap_s": gaps, "count": counts}, copy=False)
 
 
@@ -78,22 +85,31 @@ _EVENTS_PER_SLICE = 1 << 20
 
 
 class _WeightedGaps:
-    """Gaps with their counts, as ``ITLRecorder.add`` and the joiners of a stream record them."""
+    """Gaps with their counts (``array`` buffers), as ``ITLRecorder.add`` and a stream's joiners record them."""
 
-    def __init__(self, gaps: np.ndarray, counts: np.ndarray) -> None:
-        self.gaps, self.counts = gaps, counts
+    def __init__(self, gaps: array, counts: array) -> None:
+        self._gaps, self._counts = gaps, counts
 
     def kept(self) -> int:
         """Entries with a positive count (the rows they become)."""
-        return int(np.count_nonzero(self.counts > 0))
+        return int(np.count_nonzero(np.frombuffer(self._counts, dtype=np.int32) > 0))
 
-    def copy_kept(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
-        """Write the kept entries into ``gaps``/``counts`` from ``at``; return where they end."""
-        keep = self.counts > 0
+    def copy_gaps(self, gaps: np.ndarray, at: int) -> int:
+        """Write the kept entries' gaps into ``gaps`` from ``at``; return where they end."""
+        keep = np.frombuffer(self._counts, dtype=np.int32) > 0
         end = at + int(np.count_nonzero(keep))
-        gaps[at:end] = self.gaps[keep]
-        counts[at:end] = self.counts[keep]
+        gaps[at:end] = np.frombuffer(self._gaps, dtype=np.float64)[keep]
         return end
+
+    def copy_counts(self, counts: np.ndarray, at: int) -> int:
+        """Write the kept entries' counts into ``counts`` from ``at``; return where they end."""
+        weights = np.frombuffer(self._counts, dtype=np.int32)
+        kept = weights[weights > 0]
+        counts[at : at + len(kept)] = kept
+        return at + len(kept)
+
+    def release_times(self) -> None:
+        """Nothing to give back before the counts are copied."""
 
 
 class EventStream:
@@ -113,42 +129,52 @@ class EventStream:
         self.run_counts = array("i")
         self.gaps = array("d")
         self.counts = array("i")
+        self._events = 0  # len(times), kept once the times are given back
 
     def kept(self) -> int:
         """Rows this stream becomes: events with veterans, and joiners' gaps with a positive count."""
         starts, counts = self._runs()
         lengths = np.diff(starts, append=len(self.times))
-        joiners = np.frombuffer(self.counts, dtype=np.int32)
-        return int(lengths[counts > 0].sum()) + int(np.count_nonzero(joiners > 0))
+        return int(lengths[counts > 0].sum()) + self._joiners().kept()
 
-    def copy_kept(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
-        """Per event the veterans' gap since the previous event (the first: since t = 0) and
-        their count, then the joiners' entries; only positive counts, from ``at`` on. The
-        stream is emptied afterwards (its arrays give their memory back)."""
-        at = self._copy_events(gaps, counts, at)
-        joiners = _WeightedGaps(np.frombuffer(self.gaps, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int32))
-        at = joiners.copy_kept(gaps, counts, at)
-        del joiners  # its views pin the arrays
+    def copy_gaps(self, gaps: np.ndarray, at: int) -> int:
+        """Per event with veterans the gap since the previous event (the first: since t = 0), then
+        the joiners' gaps with a positive count, into ``gaps`` from ``at``; return where they end."""
+        times = np.frombuffer(self.times, dtype=np.float64)
+        previous = 0.0
+        for first, weights in self._veterans_by_slice(len(times)):
+            part = times[first : first + len(weights)]
+            keep = weights > 0
+            end = at + int(np.count_nonzero(keep))
+            gaps[at:end] = np.diff(part, prepend=previous)[keep]
+            at, previous = end, float(part[-1])
+        return self._joiners().copy_gaps(gaps, at)
+
+    def release_times(self) -> None:
+        """Give the event times' memory back (the counts need only the runs)."""
+        self._events = len(self.times)
+        del self.times[:]
+
+    def copy_counts(self, counts: np.ndarray, at: int) -> int:
+        """The counts of the rows of :meth:`copy_gaps`, in the same order; the stream is emptied."""
+        for _, weights in self._veterans_by_slice(self._events):
+            kept = weights[weights > 0]
+            counts[at : at + len(kept)] = kept
+            at += len(kept)
+        at = self._joiners().copy_counts(counts, at)
         for buffer in (self.times, self.run_starts, self.run_counts, self.gaps, self.counts):
             del buffer[:]
         return at
 
-    def _copy_events(self, gaps: np.ndarray, counts: np.ndarray, at: int) -> int:
-        """The events' part of :meth:`copy_kept`, a slice of events at a time (bounded temporaries)."""
-        times = np.frombuffer(self.times, dtype=np.float64)
+    def _veterans_by_slice(self, events: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(first event, veterans of each event) for consecutive slices of the ``events`` events."""
         starts, run_counts = self._runs()
-        veterans = np.zeros(len(times), dtype=np.int32)
-        if len(starts):
-            veterans[starts[0] :] = np.repeat(run_counts, np.diff(starts, append=len(times)))
-        previous = 0.0
-        for first in range(0, len(times), _EVENTS_PER_SLICE):
-            part, weights = times[first : first + _EVENTS_PER_SLICE], veterans[first : first + _EVENTS_PER_SLICE]
-            keep = weights > 0
-            end = at + int(np.count_nonzero(keep))
-            gaps[at:end] = np.diff(part, prepend=previous)[keep]
-            counts[at:end] = weights[keep]
-            at, previous = end, float(part[-1])
-        return at
+        for first in range(0, events, _EVENTS_PER_SLICE):
+            run = np.searchsorted(starts, np.arange(first, min(events, first + _EVENTS_PER_SLICE)), side="right") - 1
+            yield first, np.where(run >= 0, run_counts[run] if len(run_counts) else 0, 0).astype(np.int32)
+
+    def _joiners(self) -> _WeightedGaps:
+        return _WeightedGaps(self.gaps, self.counts)
 
     def _runs(self) -> tuple[np.ndarray, np.ndarray]:
         return np.frombuffer(self.run_starts, dtype=np.int64), np.frombuffer(self.run_counts, dtype=np.int32)
