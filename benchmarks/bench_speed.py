@@ -130,8 +130,10 @@ def main() -> None:
                            "--out", "/tmp/bench_speed_run"])  # fmt: skip
         help_s = process_s(["-m", "sim", "--help"])
         bare_s = process_s(["-c", "pass"])
+        imports_s = process_s(["-c", "import sim.cli, sim.runner, sim.io.outputs, sim.report.tables"])
         print(f"whole process: 1000-request quickstart run {run_s:.2f} s, --help {help_s:.2f} s, "
-              f"bare python {bare_s:.2f} s")
+              f"bare python {bare_s:.2f} s, the run's imports alone {imports_s:.2f} s "
+              f"(so {run_s - imports_s:.2f} s simulating and writing, {run_s / imports_s:.2f}x the imports)")
 
 
 if __name__ == "__main__":

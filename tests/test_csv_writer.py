@@ -23,13 +23,17 @@ TEXT = st.text(alphabet=st.sampled_from(list('ab ,"\n\r%;x')), max_size=6)
 @st.composite
 def frames(draw) -> pd.DataFrame:  # type: ignore[no-untyped-def]
     rows = draw(st.integers(0, 40))
-    kinds = draw(st.lists(st.sampled_from(["float", "int16", "int32", "int64", "bool", "text", "category"]),
-                          min_size=2, max_size=6))  # fmt: skip
+    column_kinds = ["float", "int16", "int32", "int64", "bool", "text", "category", "int-category", "float-category"]
+    kinds = draw(st.lists(st.sampled_from(column_kinds), min_size=1, max_size=6))
     data: dict[str, object] = {}
     for i, kind in enumerate(kinds):
         name = draw(st.sampled_from([f"c{i}", f"c,{i}", f'q"{i}', f"s {i}"]))
         if kind == "float":
             data[name] = np.array(draw(st.lists(FLOATS, min_size=rows, max_size=rows)), dtype=np.float64)
+        elif kind.endswith("-category"):
+            label = st.integers(-5, 5) if kind == "int-category" else st.sampled_from([0.5, 1e-7, 3.0])
+            values = draw(st.lists(st.one_of(label, st.none()), min_size=rows, max_size=rows))
+            data[name] = pd.Series(values, dtype="category")
         elif kind.startswith("int"):
             info = np.iinfo(kind)
             values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=rows, max_size=rows))

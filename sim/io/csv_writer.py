@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from pandas import CategoricalDtype
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,7 +31,7 @@ CHUNK_ROWS = 32_768
 
 def write_csv(frame: pd.DataFrame, path: Path | str, float_format: str) -> None:
     """Write ``frame`` as ``frame.to_csv(path, index=False, float_format=float_format)`` would."""
-    if frame.shape[1] < 2:  # the csv module quotes a lone empty field: leave that corner to pandas
+    if frame.shape[1] < 2 or any(map(_pandas_only, frame.dtypes)):
         frame.to_csv(path, index=False, float_format=float_format)
         return
     newline = os.linesep
@@ -42,8 +43,29 @@ def write_csv(frame: pd.DataFrame, path: Path | str, float_format: str) -> None:
             handle.write(newline.join(map(template.__mod__, zip(*fields, strict=True))) + newline)
 
 
-def _column_values(series: pd.Series) -> np.ndarray:
-    """The column as a numpy array: numbers as they are, anything else as objects with missing -> ""."""
+def _pandas_only(dtype: object) -> bool:
+    """Corners left to pandas: categories that are floats or bools (their text is pandas' own);
+    a lone column, where the csv module quotes an empty field, is the other."""
+    return isinstance(dtype, CategoricalDtype) and dtype.categories.dtype.kind in "fcb"
+
+
+class _Coded:
+    """A categorical column of text or integer labels: its codes, and each label's field once
+    (code -1, missing, indexes the last field: "")."""
+
+    def __init__(self, series: pd.Series) -> None:
+        self.codes = series.cat.codes.to_numpy()
+        self.fields = [*_quoted_all(series.cat.categories.tolist()), ""]
+
+    def chunk(self, start: int, stop: int) -> list[str]:
+        fields = self.fields
+        return [fields[code] for code in self.codes[start:stop].tolist()]
+
+
+def _column_values(series: pd.Series) -> np.ndarray | _Coded:
+    """The column as numbers (as they are), codes of a categorical, or objects with missing -> ""."""
+    if isinstance(series.dtype, CategoricalDtype):
+        return _Coded(series)  # not an object array of a million strings
     values = series.to_numpy()
     if values.dtype.kind in "fiub":
         return values
@@ -52,7 +74,7 @@ def _column_values(series: pd.Series) -> np.ndarray:
     return values
 
 
-def _chunk_fields(columns: list[np.ndarray], start: int, float_format: str) -> tuple[str, list[list]]:
+def _chunk_fields(columns: list[np.ndarray | _Coded], start: int, float_format: str) -> tuple[str, list[list]]:
     """A row template and each column's values for rows ``start`` to ``start + CHUNK_ROWS``.
 
     One ``template % row`` per row formats all its fields in C: floats with ``float_format``,
@@ -63,6 +85,10 @@ def _chunk_fields(columns: list[np.ndarray], start: int, float_format: str) -> t
     formats: list[str] = []
     fields: list[list] = []
     for values in columns:
+        if isinstance(values, _Coded):
+            formats.append("%s")
+            fields.append(values.chunk(start, stop))
+            continue
         part = values[start:stop]
         kind = part.dtype.kind
         if kind == "f" and np.isnan(part).any():
