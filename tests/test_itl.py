@@ -133,3 +133,38 @@ def test_to_frame_gives_the_event_memory_back_and_keeps_the_rows(events_per_slic
     assert frame["count"].tolist() == [4, 2, 2, 1]
     assert frame["count"].dtype == np.int64
     assert len(stream.times) == len(stream.run_starts) == len(stream.gaps) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 30).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.floats(0.0, 2.0, allow_nan=False), min_size=n, max_size=n),
+            st.lists(st.tuples(st.integers(0, max(n - 1, 0)), st.integers(0, 4)), max_size=8),
+        )
+    ),
+    st.integers(1, 6),
+)
+def test_stream_rows_equal_a_per_event_expansion(events, events_per_slice):
+    """Rows of one stream, sliced any way: per event its veterans' gap (count from the run that
+    covers it, zero counts dropped), exactly as expanding the runs event by event gives."""
+    steps, runs = events
+    times = np.cumsum(steps).tolist()
+    runs = sorted(dict(runs).items())  # distinct run starts, ascending
+    expected = []
+    for i, t in enumerate(times):
+        count = next((c for start, c in reversed(runs) if start <= i), 0)
+        if count:
+            expected.append((t - (times[i - 1] if i else 0.0), count))
+    original = itl_module._EVENTS_PER_SLICE
+    itl_module._EVENTS_PER_SLICE = events_per_slice
+    try:
+        recorder = ITLRecorder()
+        stream = recorder.new_stream()
+        stream.times.extend(times)
+        stream.run_starts.extend([start for start, _ in runs])
+        stream.run_counts.extend([count for _, count in runs])
+        frame = recorder.to_frame()
+    finally:
+        itl_module._EVENTS_PER_SLICE = original
+    assert list(zip(frame["gap_s"].tolist(), frame["count"].tolist(), strict=True)) == expected

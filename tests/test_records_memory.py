@@ -20,6 +20,7 @@ import sim
 from sim.config import Scenario
 from sim.hardware.utilization import UTILIZATION_COLUMNS
 from sim.metrics import estimate
+from sim.metrics import records as records_module
 from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
 from sim.metrics.records import ITERATION_COLUMNS, IterationRecords, sample_every_kth
 from sim.metrics.summary import summarize_run
@@ -156,6 +157,8 @@ def test_iteration_rows_of_several_replicas_sort_like_a_stable_sort() -> None:
     starts = rng.integers(0, 40, 500).astype(float)  # many ties, so the tie-break shows
     for i, start_s in enumerate(starts):
         records.append(int(rng.integers(0, 3)), start_s, 0.5, i, 1, 2, 3)
+    assert len(records) == 500
+    records.flush()  # the staged rows into the typed columns read below
     columns = {name: np.array(getattr(records, name)) for name in ITERATION_COLUMNS if name != "kv_blocks_total"}
     expected = pd.DataFrame(columns).assign(kv_blocks_total=np.int32(9))[list(ITERATION_COLUMNS)]
     expected = expected.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
@@ -191,3 +194,26 @@ def test_large_run_warns_unless_summary_only(scenario: Scenario, monkeypatch: py
         message = warn_if_large(resolved, scenario.policies, summary_only=False)
     assert message and "GB" in message
     assert warn_if_large(resolved, scenario.policies, summary_only=True) is None
+
+
+def test_staged_rows_reach_the_columns_in_order_across_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows packed in several batches (and a merged run straddling a batch edge) come out in
+    append order with their values and types, as if each had been appended to the columns."""
+    monkeypatch.setattr(records_module, "STAGE_ROWS", 4)
+    records = IterationRecords()
+    expected = []
+    for i in range(7):
+        records.append(0, float(i), 0.25, i, 100 + i, 2, 30000 + i, 0.5 * i, 5 * i, 7)
+        expected.append((0, float(i), 0.25, i, 100 + i, 2, 30000 + i, 0.5 * i, 5 * i, 7))
+    starts, durations, kvs = [7.0, 8.0, 9.0], [0.125, 0.125, 0.25], [40, 43, 46]
+    used = [11, 12, 12]
+    records.extend_decode_run(1, starts, durations, 3, used, kvs)
+    expected += [(1, s, d, 3, 0, 3, u, 0.0, k, 0) for s, d, u, k in zip(starts, durations, used, kvs, strict=True)]
+    records.extend_decode_run(1, [10.0], [0.5], 3, 12, [49])
+    expected.append((1, 10.0, 0.5, 3, 0, 3, 12, 0.0, 49, 0))
+    assert len(records) == len(expected) == 11
+    frame = records.to_frame(64)
+    columns = [name for name in ITERATION_COLUMNS if name != "kv_blocks_total"]
+    assert list(frame[columns].itertuples(index=False, name=None)) == expected
+    assert frame["replica"].dtype == np.int16 and frame["start_s"].dtype == np.float64
+    assert frame["kv_blocks_used"].dtype == np.int32 and (frame["kv_blocks_total"] == 64).all()

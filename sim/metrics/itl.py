@@ -169,9 +169,16 @@ class EventStream:
     def _veterans_by_slice(self, events: int) -> Iterator[tuple[int, np.ndarray]]:
         """(first event, veterans of each event) for consecutive slices of the ``events`` events."""
         starts, run_counts = self._runs()
+        ends = np.append(starts[1:], events)  # the runs tile the events from starts[0] on
         for first in range(0, events, _EVENTS_PER_SLICE):
-            run = np.searchsorted(starts, np.arange(first, min(events, first + _EVENTS_PER_SLICE)), side="right") - 1
-            yield first, np.where(run >= 0, run_counts[run] if len(run_counts) else 0, 0).astype(np.int32)
+            last = min(events, first + _EVENTS_PER_SLICE)
+            lo, hi = int(np.searchsorted(ends, first, side="right")), int(np.searchsorted(starts, last))
+            weights = np.zeros(last - first, dtype=np.int32)
+            if lo < hi:  # the runs overlapping the slice, clipped to it
+                begin = max(int(starts[lo]), first)
+                lengths = np.minimum(ends[lo:hi], last) - np.maximum(starts[lo:hi], first)
+                weights[begin - first :] = np.repeat(run_counts[lo:hi], lengths)
+            yield first, weights
 
     def _joiners(self) -> _WeightedGaps:
         return _WeightedGaps(self.gaps, self.counts)
