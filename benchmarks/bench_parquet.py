@@ -13,19 +13,21 @@ the child's peak RSS during the write above its RSS before it (what the write it
     python benchmarks/bench_parquet.py                     # 100k requests
     python benchmarks/bench_parquet.py --requests 1000000
 
-Measured on a loaded 2-core machine (pyarrow 26, pandas 3.1), seconds / peak MiB above the
-child's RSS / file MiB:
+Measured on a 2-core machine (pyarrow 26, pandas 3.1), seconds / peak MiB above the child's
+RSS / file MiB; "CSV" is batchsim's writer, "to_csv" pandas' (the same bytes):
 
-=================================  ==================  ==================  =====
-table (rows)                       CSV                 Parquet             ratio
-=================================  ==================  ==================  =====
-iterations, 100k req (1.2M)        13.4 s / 4 / 88     0.71 s / 85 / 33    19x
-requests, 1M req (1M)              25.4 s / 4 / 124    2.41 s / 67 / 82    10x
-iterations, 1M req (12.0M)         269 s / 4 / 876     19.3 s / 84 / 316   14x
-=================================  ==================  ==================  =====
+=================================  ==================  ==================  ==================
+table (rows)                       CSV                 to_csv              Parquet
+=================================  ==================  ==================  ==================
+requests, 100k req (100k)          0.38 s / 36 / 12    1.49 s / 4 / 12     0.15 s / 51 / 9
+iterations, 100k req (1.2M)        2.64 s / 28 / 88    8.20 s / 5 / 88     0.50 s / 85 / 33
+requests, 1M req (1M)              4.74 s / 42 / 124   18.9 s / 5 / 124    0.87 s / 68 / 82
+iterations, 1M req (12.0M)         23.8 s / 38 / 876   105 s / 5 / 876     6.05 s / 85 / 316
+=================================  ==================  ==================  ==================
 
-pandas writes CSV in small chunks, so its extra memory is a few MiB; the Parquet writer holds one
-row group (256k rows) at a time, so its extra memory stays under ~100 MiB however long the table.
+batchsim's CSV writer formats 32k rows at a time (a few tens of MiB); pandas writes in small
+chunks, so its extra memory is a few MiB; the Parquet writer holds one row group (256k rows) at a
+time, so its extra memory stays under ~100 MiB however long the table.
 """
 
 from __future__ import annotations
