@@ -39,6 +39,8 @@ def test_aggregates_match_brute_force(block_size, operations):
                 group.remove(members.pop(rid)[0])
         assert group.count == len(members)
         assert group.kv_tokens == sum(ctx for _, ctx, _ in members.values())
+        ahead = [sum(1 for _, ctx, _ in members.values() if (ctx + j) % block_size == 0) for j in range(block_size)]
+        assert group.block_need_cycle() == ahead  # new blocks of the steps after the next, if no one leaves
         for seq, ctx, gen in members.values():
             assert seq.phase == DECODE and group.context(seq) == ctx and group.generated(seq) == gen
             assert group.cached_blocks(seq) == -(-(ctx - 1) // block_size)

@@ -279,8 +279,8 @@ class DecodeGroup:
     def block_need_cycle(self) -> list[int]:
         """New blocks (paged memory) of each of the next steps, from the one after the next on:
         entry ``j % block_size`` is ``blocks_needed(j + 1)``, if no member leaves meanwhile."""
-        per_residue, size, step = self._per_residue, self.block_size, self.step
-        return [per_residue[-(step + j + 1) % size] for j in range(size)]
+        per_residue, first = self._per_residue, -(self.step + 1) % self.block_size
+        return per_residue[first::-1] + per_residue[:first:-1]  # residues first, first - 1, ... (mod size)
 
     def advance_steps(self, event_times: list[float]) -> None:
         """``advance(t)`` for each ``t`` of ``event_times``, where the caller knows that no member
