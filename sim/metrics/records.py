@@ -233,18 +233,7 @@ class IterationRecords:
         replicas are reordered one column at a time (peak: the table plus one column).
         """
         self.flush()
-        columns: dict[str, array] = {
-            "replica": self.replica,
-            "start_s": self.start_s,
-            "duration_s": self.duration_s,
-            "batch_size": self.batch_size,
-            "prefill_tokens": self.prefill_tokens,
-            "decode_tokens": self.decode_tokens,
-            "kv_blocks_used": self.kv_blocks_used,
-            "prefill_attn_work": self.prefill_attn_work,
-            "decode_kv_tokens": self.decode_kv_tokens,
-            "prefill_context_tokens": self.prefill_context_tokens,
-        }
+        columns: dict[str, array] = {name: getattr(self, name) for name, _ in _ITERATION_TYPES}
         self._new_buffers()  # the views below keep the old buffers alive, nothing else does
         views = {name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()}
         del columns

@@ -78,6 +78,7 @@ def decode_span(
     done = 0
     used = used_blocks
     useds: list[int] | int = used_blocks
+    # Two loops, not one with a memory test per pass: this is the per-pass hot path.
     if state.grows_per_step:  # paged: each repeat's new blocks must fit (else the policy preempts)
         cycle = state.decoders.block_need_cycle()
         size, free = len(cycle), state.span_free_blocks()

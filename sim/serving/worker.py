@@ -126,9 +126,8 @@ class Worker:
         """One SimPy timeout per pass (per multi-step block): the reference behaviour."""
         # Everything the loop touches is bound to a local: it runs once per forward pass.
         env, state, schedule = self._env, self.state, self._policy.schedule
-        record, index, blocks = self._iterations.append, state.index, state.blocks
-        price = self.price
-        audit_every, on_iteration, inf = self._audit_every, self._on_iteration, math.inf
+        record, index = self._iterations.append, state.index
+        audit_every, on_iteration = self._audit_every, self._on_iteration
         passes, last_end_s = 0, 0.0
         while True:
             start_s = env.now
@@ -144,12 +143,7 @@ class Worker:
                     )
                 yield from self._idle(plan.wake_at_s)
                 continue
-            self.scheduler_calls += 1
-            totals = state.begin(plan, start_s)
-            used_blocks = blocks.used_blocks
-            duration_s = price(*totals)
-            if not 0.0 <= duration_s < inf:
-                raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+            totals, used_blocks, duration_s = self._begin_pass(plan, start_s)
             if plan.steps > 1:
                 before = passes
                 passes += yield from self._block(plan, start_s, totals, duration_s, used_blocks)
@@ -188,9 +182,9 @@ class Worker:
         """
         env, state, policy, iterations = self._env, self.state, self._policy, self._iterations
         schedule, decode_only = policy.schedule, policy.decode_only
-        record, record_run, index, blocks = iterations.append, iterations.extend_decode_run, state.index, state.blocks
+        record, record_run, index = iterations.append, iterations.extend_decode_run, state.index
         price, inert, on_completed = self.price, self._completions_inert, self._on_completed
-        audit_every, on_iteration, inf = self._audit_every, self._on_iteration, math.inf
+        audit_every, on_iteration = self._audit_every, self._on_iteration
         starts: list[float] = []  # passes begun since env.now and not waited for (starts[0] == env.now)
         durations: list[float] = []
         passes, clock, horizon_s = 0, env.now, env.peek()
@@ -210,12 +204,7 @@ class Worker:
                     yield from self._idle(plan.wake_at_s)
                     clock, horizon_s, reuse = env.now, env.peek(), None
                     continue
-            self.scheduler_calls += 1
-            totals = state.begin(plan, start_s)
-            used_blocks = blocks.used_blocks
-            duration_s = price(*totals)
-            if not 0.0 <= duration_s < inf:
-                raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+            totals, used_blocks, duration_s = self._begin_pass(plan, start_s)
             if plan.steps > 1:
                 if starts:
                     yield from self._wait(starts, durations)
@@ -260,6 +249,16 @@ class Worker:
             on_iteration(merged + 1)
             clock = end_s
             reuse = plan if pure else None
+
+    def _begin_pass(self, plan: IterationPlan, start_s: float) -> tuple[CostTotals, int, float]:
+        """Apply a plan that runs (``state.begin``) and price its pass: the cost-model totals,
+        the KV blocks in use during the pass, and its duration."""
+        self.scheduler_calls += 1
+        totals = self.state.begin(plan, start_s)
+        duration_s = self.price(*totals)
+        if not 0.0 <= duration_s < math.inf:
+            raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
+        return totals, self.state.blocks.used_blocks, duration_s
 
     def _wait(self, starts: list[float], durations: list[float]) -> Generator[simpy.Event, Any, None]:
         """Wait until the last pass run ahead ends (exactly), then forget the passes."""
