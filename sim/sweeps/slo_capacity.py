@@ -34,7 +34,7 @@ import pandas as pd
 from sim.config import ConstantArrival, GammaArrival, PoissonArrival, Scenario
 from sim.errors import UserError, did_you_mean
 from sim.io.scenario import load_scenario
-from sim.sweeps.backends import open_backend
+from sim.sweeps.backends import open_capped_backend
 from sim.sweeps.capacity_search import SearchOutcome, search_rate
 from sim.sweeps.grid import normalize_seeds
 from sim.sweeps.runner import progress_bar, report_startup
@@ -150,11 +150,10 @@ def find_capacity(
     if only is not None:
         spec = replace(spec, only=tuple(only))
     runs = _Runs(spec, point_fn)
-    with (
-        open_backend(backend, workers, address) as engine,
-        progress_bar(progress, "capacity", "run") as bar,
-    ):
-        report_startup(engine, bar, progress)
+    # A round runs one rate per policy and seed at once: more workers than that would only wait.
+    engine, count = open_capped_backend(backend, workers, address, tasks=len(spec.policies) * len(spec.seeds))
+    with engine, progress_bar(progress, "capacity", "run") as bar:
+        report_startup(engine, bar, progress, count)
         outcomes = _drive(spec, runs, engine, bar)
     return spec.report(outcomes, runs)
 
