@@ -12,8 +12,14 @@ quickstart's lengths (prompts 128-512, outputs 20-500 tokens), Poisson arrivals 
 
 Modes: ``full`` is ``python -m sim run FILE --out DIR --quiet`` (through ``sim.cli.main``);
 ``summary`` is ``run(scenario, summary_only=True)`` + ``RunResult.save(plots=False)``
-(what ``--summary-only`` does), skipped on a checkout whose ``run`` lacks the keyword.
+(what ``--summary-only`` does), skipped on a checkout whose ``run`` lacks the keyword;
+``cli`` is the user's own command, ``python -m sim run SCENARIO --policy P --set
+workload.requests=N`` as a separate interpreter (``--scenario``, default the quickstart: Poisson
+at 3 req/s, continuous max batch 16, about 24 passes a request), the run the README quotes.
+Every line also prints what :func:`sim.metrics.estimate.estimate_run` of the measured
+checkout predicts for that run, so a refit of its constants can be checked in one command.
 
+    python benchmarks/bench_cli_memory.py --modes cli --requests 20000 50000 100000 200000
     python benchmarks/bench_cli_memory.py                                # 200k and 1M requests
     python benchmarks/bench_cli_memory.py --requests 200000 --modes full
     python benchmarks/bench_cli_memory.py --root /tmp/before             # measure another checkout
@@ -27,6 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +84,18 @@ except ImportError:
 print(json.dumps(report))
 """
 
+# Runs in a second child after a ``cli`` measurement: the estimate for the same command line.
+ESTIMATE = """\
+import json, sys
+root, scenario_file, policy, requests = sys.argv[1:5]
+sys.path.insert(0, root)
+from sim.io.scenario import load_scenario
+from sim.metrics.estimate import estimate_run
+scenario = load_scenario(scenario_file, {"workload.requests": int(requests)})
+memory_bytes, seconds = estimate_run(scenario, [p for p in scenario.policies if p.name == policy])
+print(json.dumps({"estimate_mib": memory_bytes / 2**20, "estimate_s": seconds}))
+"""
+
 
 def measure(root: Path, requests: int, rate: float, mode: str, plots: bool) -> dict:
     """Run one child; return its peak RSS (MiB), wall time (s, start-up to files written) and more."""
@@ -93,18 +112,76 @@ def measure(root: Path, requests: int, rate: float, mode: str, plots: bool) -> d
     return report | {"peak_mib": usage.ru_maxrss / 1024}  # Linux: KiB
 
 
+def measure_cli(root: Path, scenario: Path, policy: str, requests: int, plots: bool) -> dict:
+    """Run ``python -m sim run`` as the user does; return its peak RSS (MiB), wall time and passes."""
+    import pandas as pd  # here, not at the top: the other modes' children import their own
+
+    with tempfile.TemporaryDirectory(prefix="bench_cli_memory-") as tmp:
+        argv = [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            str(scenario),
+            "--policy",
+            policy,
+            "--set",
+            f"workload.requests={requests}",
+            "--out",
+            f"{tmp}/out",
+            "--quiet",
+        ]
+        argv += [] if plots else ["--no-plots"]
+        env = os.environ | {"PYTHONPATH": str(root)}  # the measured checkout's sim, not an installed one
+        started = time.perf_counter()
+        child = subprocess.Popen(argv, cwd=root, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall_s = time.perf_counter() - started
+        if os.waitstatus_to_exitcode(status) != 0:
+            sys.exit(f"python -m sim run failed ({os.waitstatus_to_exitcode(status)}) for {requests} requests")
+        iterations = int(pd.read_csv(Path(tmp) / "out" / "summary.csv")["iterations"].sum())
+    estimate = subprocess.run(
+        [sys.executable, "-c", ESTIMATE, str(root), str(scenario), policy, str(requests)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = {"wall_s": wall_s, "iterations": iterations, "peak_mib": usage.ru_maxrss / 1024}
+    if estimate.returncode == 0:
+        report |= json.loads(estimate.stdout.strip().splitlines()[-1])
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, nargs="+", default=[200_000, 1_000_000])
-    parser.add_argument("--modes", nargs="+", choices=["full", "summary"], default=["full", "summary"])
+    parser.add_argument("--modes", nargs="+", choices=["full", "summary", "cli"], default=["full", "summary"])
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        default=ROOT / "scenarios" / "quickstart.yaml",
+        help="scenario of the cli mode (default: the quickstart)",
+    )
+    parser.add_argument("--policy", default="continuous", help="the one policy the cli mode runs")
     parser.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate, req/s")
     parser.add_argument("--no-plots", action="store_true", help="full mode without the PNG plots")
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout to measure (default: this one)")
     args = parser.parse_args()
-    print(f"checkout {args.root}; continuous max batch 64, Poisson {args.rate} req/s; plots: {not args.no_plots}")
+    print(f"checkout {args.root}; plots: {not args.no_plots}")
+    if {"full", "summary"} & set(args.modes):
+        print(f"full/summary: continuous max batch 64, Poisson {args.rate} req/s")
+    if "cli" in args.modes:
+        print(f"cli: python -m sim run {args.scenario} --policy {args.policy} --set workload.requests=N")
     for requests in args.requests:
         for mode in args.modes:
-            got = measure(args.root.resolve(), requests, args.rate, mode, plots=not args.no_plots)
+            if mode == "cli":
+                got = measure_cli(
+                    args.root.resolve(), args.scenario.resolve(), args.policy, requests, plots=not args.no_plots
+                )
+            else:
+                got = measure(args.root.resolve(), requests, args.rate, mode, plots=not args.no_plots)
             if "skipped" in got:
                 print(f"{requests:>9,} requests  {mode:<7}  skipped: {got['skipped']}")
                 continue

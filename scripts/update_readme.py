@@ -5,7 +5,8 @@ Blocks sit between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` markers:
 ``speedup`` (the table of results/batching_speedup.md), ``validation``
 (results/validation/vllm-0.6.0-burst.md), ``incident`` (results/incident/summary.md),
 ``client_advice`` (the verdicts of results/client_advice.csv), ``speedup_map`` and
-``article_table`` (the grid and the quoted table's form in results/speedup_map.md).
+``article_table`` (the grid and the quoted table's form in results/speedup_map.md),
+``calibration_errors`` (held-out MAPE / worst case of each A100 fit report, results/calibration/*_fit.md).
 Pages under docs/ may hold any of the same blocks and are refreshed too. ``--check`` exits 1 when a file is stale;
 tests/test_readme.py runs that check.
 
@@ -48,6 +49,33 @@ def _verdicts(csv: Path) -> str:
     return "\n".join(rows)
 
 
+CALIBRATION_COLUMNS = {
+    "linear": "linear ops (target ≤ 5%)", "attention_decode": "attention decode (≤ 10%)",
+    "attention_prefill": "attention prefill (≤ 10%)", "all_reduce": "all-reduce", "cpu_overhead": "CPU overhead",
+}  # fmt: skip
+"""Components of a fit report (results/calibration/*_fit.md) shown in the README, with their headers."""
+
+
+def fit_errors(report: str) -> dict[str, tuple[str, str]]:
+    """Component -> (MAPE, worst) as written in a fit report's table, e.g. ``("1.7%", "16.7%")``."""
+    table = _table_after(report, "# Fit report").splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in table]
+    return {row[0]: (row[2], row[3]) for row in cells}
+
+
+def _calibration_errors(folder: Path, gpu: str) -> str:
+    """One row per committed fit report of ``gpu``: MAPE / worst case (rounded to 1%) per component."""
+    header = [f"calibration ({gpu.upper()})", *CALIBRATION_COLUMNS.values()]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for path in sorted(folder.glob(f"*_{gpu}_tp*_fit.md")):
+        model, tp = re.fullmatch(rf"(.+)_{gpu}_tp(\d+)_fit\.md", path.name).groups()
+        errors = fit_errors(path.read_text())
+        cells = [f"{errors[c][0]} / {float(errors[c][1].rstrip('%')):.0f}%" if c in errors else "—"
+                 for c in CALIBRATION_COLUMNS]  # fmt: skip
+        rows.append(f"| {model} TP{tp} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, str]:
     """The current text of every generated block."""
     results = REPO / "results"
@@ -60,6 +88,7 @@ def blocks() -> dict[str, str]:
         "client_advice": _verdicts(results / "client_advice.csv"),
         "speedup_map": _table_after((results / "speedup_map.md").read_text(), "## Speedup per length class"),
         "article_table": _table_after((results / "speedup_map.md").read_text(), "## The quoted table"),
+        "calibration_errors": _calibration_errors(results / "calibration", "a100-80gb"),
     }
 
 

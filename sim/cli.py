@@ -11,7 +11,8 @@ import gc
 import json
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from sim.errors import UserError
@@ -149,11 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         require_plotly()
     # What is loaded by now lives until exit: spare the per-policy collections (runner) scanning it.
     gc.freeze()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
+    with warnings_as_lines():
         result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
-    for warning in caught:  # one plain line each (estimates before a large run, an empty warm-up window)
-        print(f"warning: {warning.message}", file=sys.stderr)
     result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json, html=args.html)
     if not args.quiet:
         from sim.io.outputs import deployment_text
@@ -165,6 +163,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(summary_text(result.summary))
         print(f"wrote {out_dir}/")
     return 0
+
+
+@contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """Inside, each UserWarning is one ``warning: ...`` line on stderr, printed when it is raised.
+
+    At once, not collected and printed at the end: the size estimate ``run`` gives before a
+    large run is only of use before the minutes it warns about (an empty warm-up window is
+    said after the run anyway, since it is found then).
+    """
+
+    def print_line(message: Warning | str, *_: object, **__: object) -> None:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
+        warnings.simplefilter("always", UserWarning)
+        warnings.showwarning = print_line
+        yield
 
 
 # --------------------------------------------------------------------------- validate / schema / list

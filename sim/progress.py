@@ -35,7 +35,7 @@ class RunProgress:
 
     def __call__(self, policy: str, total_requests: int, *, index: int = 1, count: int = 1) -> _Bar | None:
         stream = self._file if self._file is not None else sys.stderr
-        if not _is_terminal(stream):
+        if not is_terminal(stream):
             return None
         delay_s = max(0.0, self._started + self._delay_s - time.monotonic())
         return _Bar(policy, total_requests, index, count, stream, delay_s, self._started)
@@ -80,7 +80,8 @@ def tqdm_progress(policy: str, total_requests: int, *, index: int = 1, count: in
     return RunProgress()(policy, total_requests, index=index, count=count)
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is an open terminal: where a progress bar may be drawn (also used by sweeps)."""
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())

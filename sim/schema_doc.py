@@ -20,7 +20,10 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`cost`", config.CostConfig),
     ("`workload`", config.Workload),
     ("`workload.arrival` (by `kind`)", config.Arrival),
+    ("`workload.arrival.phases[]` (`kind: schedule`)", config.SchedulePhase),
     ("`workload.prompt_tokens` / `workload.output_tokens` (by `kind`)", config.Length),
+    ("`workload.shared_prefix`", config.SharedPrefix),
+    ("`workload.sessions`", config.Sessions),
     ("`policies[]` (by `kind`)", config.PolicyConfig),
     ("`policies[].engine_cpu`", config.EngineCPUConfig),
     ("`policies[].speculative`", config.SpeculativeConfig),
@@ -30,7 +33,13 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`admission`", config.AdmissionConfig),
     ("`slo`", config.SLOConfig),
     ("`metrics`", config.MetricsConfig),
+    ("`engine`", config.EngineConfig),
+    ("`disaggregation`", config.DisaggregationConfig),
+    ("`disaggregation.prefill` / `disaggregation.decode`", config.PoolConfig),
+    ("`disaggregation.link`", config.LinkConfig),
 ]
+"""Each block of the scenario file and its model(s); a test checks that every model reachable from
+``Scenario`` is here, so a new block cannot be left out of the reference."""
 
 
 def schema_markdown() -> str:
@@ -41,6 +50,11 @@ def schema_markdown() -> str:
         for model in _models(target):
             parts.append(_table(model, with_kind=len(_models(target)) > 1))
     return "\n".join(parts)
+
+
+def documented_models() -> list[type[BaseModel]]:
+    """Every model the reference has a table for."""
+    return [model for _, target in SECTIONS for model in _models(target)]
 
 
 def _models(target: Any) -> list[type[BaseModel]]:

@@ -198,3 +198,41 @@ def test_arrivals_without_a_rate_are_refused(arrival: dict) -> None:
     scenario = scenario_from_dict({**TINY, "workload": {**TINY["workload"], "arrival": arrival}})
     with pytest.raises(UserError, match="workload.arrival.kind"):
         find_capacity(scenario, {"ttft_p99_s": 1.0}, point_fn=threshold_point)
+
+
+# ------------------------------------------------------------------ a capacity reached only on an idle GPU
+def busy_point(scenario: Scenario, policies: list[str] | None = None) -> pd.DataFrame:
+    """:func:`threshold_point` with a GPU busy rate / 20 of the time (all of it from 20 req/s on)."""
+    rate = scenario.workload.arrival.rate
+    return threshold_point(scenario, policies).assign(gpu_busy_frac=min(1.0, rate / 20), e2e_p99_s=3.0)
+
+
+def test_a_capacity_reached_only_on_an_idle_gpu_is_explained(base: Scenario) -> None:
+    # capacity = batch / 2 (seed 0): static 1 req/s at 5% busy; continuous 100 and vllm 32 req/s, 100% busy
+    scenario = base.replace(**{"policies[static].max_batch_size": 2, "policies[continuous].max_batch_size": 200})
+    report = find_capacity(scenario, {"ttft_p99_s": 1.0}, point_fn=busy_point, seeds=[0]).set_index("policy")
+    for policy, row in report.iterrows():
+        idle = row["gpu_busy_frac"] < 0.1
+        assert ("met only with the GPU" in row["note"]) == idle, (policy, row["note"])
+    static, best = report.loc["static"], report["rate_rps"].idxmax()
+    assert static["gpu_busy_frac"] < 0.1 and best == "continuous"
+    ratio = report.loc[best, "rate_rps"] / static["rate_rps"]
+    assert f"{ratio:,.0f}x below continuous's" in static["note"]
+    assert "TTFT bound is 1 s" in static["note"] and "static batch admits no request" in static["note"]
+
+
+def test_static_capacity_on_the_engine_is_explained_when_the_bound_is_below_one_request() -> None:
+    # Outputs of 200-400 tokens take ~3-5 s alone: a 1 s TTFT p99 holds only if almost no request arrives
+    # while another's batch runs, i.e. on an almost idle GPU.
+    scenario = scenario_from_dict(
+        {
+            **TINY,
+            "workload": {**TINY["workload"], "requests": 100,
+                         "output_tokens": {"kind": "uniform", "low": 200, "high": 400}},
+            "policies": [TINY["policies"][0]],
+        }
+    )  # fmt: skip
+    row = capacity(scenario, {"ttft_p99_s": 1.0}, tolerance=0.1).iloc[0]
+    assert row["rate_rps"] > 0 and row["gpu_busy_frac"] < 0.1
+    assert row["note"].startswith(f"met only with the GPU {row['gpu_busy_frac']:.1%} busy")
+    assert row["e2e_p99_s"] > 1.0 and "a static batch admits no request" in row["note"]

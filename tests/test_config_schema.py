@@ -125,3 +125,39 @@ def test_json_schema_documents_every_field() -> None:
     undocumented = [name for name, prop in schema["properties"].items() if "description" not in prop]
     assert undocumented == []
     json.dumps(schema)  # serialisable for editors
+
+
+def _nested_models(model: type, seen: set[type]) -> set[type]:
+    """Every pydantic model reachable from ``model``'s fields (through unions, lists, Annotated)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def walk(annotation: object) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in seen:
+                seen.add(annotation)
+                for field in annotation.model_fields.values():
+                    walk(field.annotation)
+            return
+        for arg in typing.get_args(annotation):
+            walk(arg)
+
+    walk(model)
+    return seen
+
+
+def test_markdown_reference_has_a_table_for_every_block_of_the_schema() -> None:
+    """A block added to the schema (a new nested model) without a section in sim.schema_doc fails here,
+    as disaggregation, workload.shared_prefix, workload.sessions, schedule phases and engine once did."""
+    from sim.schema_doc import SECTIONS, documented_models, schema_markdown
+
+    reachable = _nested_models(Scenario, set())
+    missing = sorted(m.__name__ for m in reachable - set(documented_models()))
+    assert missing == []
+    markdown = schema_markdown()
+    for model in reachable:  # each field of each block has its row
+        for name in model.model_fields:
+            if name != "kind":
+                assert f"| `{name}` |" in markdown, (model.__name__, name)
+    assert len({title for title, _ in SECTIONS}) == len(SECTIONS)

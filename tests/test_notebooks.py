@@ -60,6 +60,17 @@ def test_the_documented_notebooks_exist() -> None:
     assert EXPECTED <= {p.stem for p in NOTEBOOKS}
 
 
+def test_the_readme_and_docs_api_name_every_notebook() -> None:
+    """A notebook added to notebooks/ but missing from the README's list (as client_advice once was) fails."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Python API and notebooks") :]
+    section = section[: section.index("\n## ", 1)]
+    api = (REPO / "docs" / "api.md").read_text()
+    for path in NOTEBOOKS:
+        assert f"`{path.stem}`" in section, path.stem
+        assert f"`notebooks/{path.name}`" in api, path.name
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_valid_and_committed_without_outputs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)

@@ -9,12 +9,17 @@ a direct ``simulate`` + ``summarize_run`` on the unsampled records.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import warnings
 from array import array
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 import sim
 from sim.config import Scenario
@@ -194,6 +199,60 @@ def test_large_run_warns_unless_summary_only(scenario: Scenario, monkeypatch: py
         message = warn_if_large(resolved, scenario.policies, summary_only=False)
     assert message and "GB" in message
     assert warn_if_large(resolved, scenario.policies, summary_only=True) is None
+
+
+def test_the_cli_prints_the_estimate_before_it_simulates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warning is of use only before the run it warns about: it must be on stderr when the
+    first policy starts, not printed with the results."""
+    import sim.runner
+    from sim.cli import main
+
+    monkeypatch.setattr(estimate, "WARN_SECONDS", 0.0)  # any run is "large"
+    seen_when_simulating: list[str] = []
+    simulate_policy = sim.runner._simulate_policy
+
+    def noting_stderr(*args: object, **kwargs: object) -> object:
+        seen_when_simulating.append(capsys.readouterr().err)
+        return simulate_policy(*args, **kwargs)
+
+    monkeypatch.setattr(sim.runner, "_simulate_policy", noting_stderr)
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(yaml.safe_dump(SCENARIO))
+    assert main(["run", str(scenario_file), "--out", str(tmp_path / "out"), "--no-plots", "--quiet"]) == 0
+    first = seen_when_simulating[0].splitlines()
+    assert len(first) == 1 and first[0].startswith("warning: this run is estimated at ~")
+    assert "estimated" not in "".join(seen_when_simulating[1:]) + capsys.readouterr().err  # said once
+
+
+ESTIMATE_CHILD = """
+import sys
+from sim.io.scenario import load_scenario
+from sim.metrics.estimate import estimate_run
+scenario = load_scenario(sys.argv[1], {"workload.requests": int(sys.argv[2])})
+print(estimate_run(scenario, [p for p in scenario.policies if p.name == "continuous"])[0])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux only")
+def test_memory_estimate_is_within_25_percent_of_a_measured_cli_run(tmp_path: Path) -> None:
+    """The README's next step at 50k requests (1.2M passes, ~10 s): the peak RSS of the whole
+    ``python -m sim run`` process against ``estimate_run``'s prediction for it. The model of
+    2026-12-01 predicted 207 MiB for the 293 MiB measured (0.71x)."""
+    repo = Path(__file__).resolve().parents[1]
+    quickstart, requests = repo / "scenarios" / "quickstart.yaml", 50_000
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    argv = [sys.executable, "-m", "sim", "run", str(quickstart), "--policy", "continuous",
+            "--set", f"workload.requests={requests}", "--out", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    child = subprocess.Popen(argv, cwd=repo, env=env, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (KiB on Linux)
+    assert os.waitstatus_to_exitcode(status) == 0
+    predicted = subprocess.run([sys.executable, "-c", ESTIMATE_CHILD, str(quickstart), str(requests)], cwd=repo,
+                               env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    ratio = float(predicted.stdout) / (usage.ru_maxrss * 1024)
+    assert 0.8 < ratio < 1.25, ratio
 
 
 def test_staged_rows_reach_the_columns_in_order_across_flushes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -182,3 +182,35 @@ def _fill_accept_queue(listener: socket.socket, held: ExitStack) -> bool:
         except TimeoutError:
             return True
     return False
+
+
+# --------------------------------------------------------------------------- bit-identity whatever the BLAS threads
+# Ray starts its workers with OMP_NUM_THREADS=1, a local pool or the parent may run BLAS on every
+# core; a sum whose order follows the thread count (OpenBLAS splits a dot product across threads)
+# then differs in the last bit between backends. These runs stream > 10,000 ITL gaps per policy,
+# the size from which OpenBLAS 0.3 spreads a dot product over its threads.
+BLAS_SWEEP = """
+import sys
+from sim.io.scenario import scenario_from_dict
+from sim.sweeps import sweep
+scenario = scenario_from_dict({tiny!r}).replace(**{{"workload.requests": 1500}})
+sweep(scenario, {{"workload.arrival.rate": [4.0, 8.0]}}, [0], workers=1, out=sys.argv[1])
+"""
+
+
+def test_sweep_files_are_bit_identical_whatever_the_blas_thread_count(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = BLAS_SWEEP.format(tiny={**TINY, "policies": TINY["policies"][1:2]})
+    files = {}
+    for threads in ("1", "4"):
+        env = {**os.environ, "PYTHONPATH": str(repo), "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        out = tmp_path / f"threads{threads}"
+        subprocess.run([sys.executable, "-c", script, str(out)], cwd=repo, env=env, check=True, timeout=300)
+        files[threads] = (out / "sweep.csv").read_text()
+    assert "itl_mean_s" in files["1"].splitlines()[0]
+    assert files["1"] == files["4"]

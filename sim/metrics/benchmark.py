@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.metrics.itl import weighted_percentile
+from sim.metrics.itl import weighted_percentile, weighted_sum
 from sim.metrics.summary import percentile
 
 LATENCY_METRICS: dict[str, str] = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2e_s"}
@@ -92,8 +92,8 @@ def _itl_stats(itl: pd.DataFrame, percentiles: Sequence[float]) -> dict[str, flo
     order = np.argsort(gaps, kind="stable")
     gaps, counts = gaps[order], counts[order]
     ends = np.cumsum(counts)
-    mean = float(np.dot(gaps, counts) / ends[-1])
-    std = math.sqrt(float(np.dot((gaps - mean) ** 2, counts) / ends[-1]))
+    mean = weighted_sum(gaps, counts) / float(ends[-1])
+    std = math.sqrt(weighted_sum((gaps - mean) ** 2, counts) / float(ends[-1]))
     stats = [mean, weighted_percentile(gaps, ends, 50), std]
     stats += [weighted_percentile(gaps, ends, q) for q in percentiles]
     return {key: 1000.0 * value for key, value in zip(_keys("itl", percentiles), stats, strict=True)}

@@ -8,7 +8,9 @@ n x mean_output / B passes, with B its mean batch. B is the batch the load susta
 (Little's law: rate per replica x mean output x pass time, solved by fixed-point iteration)
 capped by ``max_batch_size`` and the KV cache; a static batch runs until its longest output.
 The pass count is typically within 1.5x (it cannot know queueing, prefill passes or
-preemptions), and the memory and time within about 2x of what the benchmark measures.
+preemptions); on the runs measured below it is 7-16% high, the memory 1-10% high and the
+wall time up to 2.5x high (conservative: the constants predate faster decode merging).
+``python -m sim run`` prints :func:`warn_if_large`'s line before it simulates.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from sim.resolve import ResolvedScenario, resolve
 if TYPE_CHECKING:
     from sim.config import Scenario
 
-# Measured with benchmarks/bench_cli_memory.py on 2026-12-01, 2-core Intel Xeon x86-64 VM (Linux,
-# Python 3.11, pandas 3.1, numpy 2.4): continuous batching, max batch 64, calibrated Llama-2-7B;
-# 200k-1M requests at 2, 5 and 9 req/s (1.2M-11.9M passes), peak RSS and wall time fitted as
-# base + per pass + per request (the simulation of the largest policy is the peak).
-BASE_BYTES = 127e6  # interpreter, numpy, pandas, SimPy, the cost model
-BYTES_PER_PASS = 64.0  # iteration buffers (38 B, +16 B of MFU/MBU totals since issue 12, not re-measured) + temporaries
-BYTES_PER_REQUEST = 107.0  # stream, records and requests frame of the policy being run
-BYTES_PER_REQUEST_KEPT = 150.0  # requests frame kept per further policy (full records)
+# Memory re-measured for issue 25 with benchmarks/bench_cli_memory.py (peak RSS of the whole child process,
+# as `/usr/bin/time -v` reports it), 2-core Intel Xeon x86-64 VM (Linux, Python 3.11, numpy 2.4): the
+# quickstart's continuous policy (`--modes cli`: max batch 16, 3 req/s, ~24 passes a request) at 20k, 50k,
+# 100k and 200k requests (0.49M-4.9M passes, 202-759 MiB) and the benchmark's own scenario (`--modes full`:
+# max batch 64, 5 req/s, ~12 passes a request) at 50k-200k (0.6M-2.4M passes, 221-467 MiB); the two pass
+# rates separate the per-pass from the per-request bytes. Least squares over the 7 runs, each within 1.5%.
+BASE_BYTES = 145e6  # interpreter, numpy, pandas, SimPy, matplotlib, the cost model
+BYTES_PER_PASS = 122.0  # iteration columns (50 B) and ITL events, their growth slack and the frames built from them
+BYTES_PER_REQUEST = 267.0  # stream, request records, requests frame and CSV of the policy being run
+BYTES_PER_REQUEST_KEPT = 150.0  # requests frame kept per further policy (full records; 2026-12-01, not re-measured)
+# Wall time: measured on 2026-12-01 (200k-1M requests at 2, 5 and 9 req/s), fitted as base + per pass + per request.
 BASE_S = 3.7  # start-up, imports, resolving the scenario
 SECONDS_PER_PASS = 8.3e-6  # SimPy events, policy step, cost model, one record
 SECONDS_PER_REQUEST = 41e-6  # per request per policy: clients, router, queues, summary

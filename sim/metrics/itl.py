@@ -211,9 +211,22 @@ def itl_stats(gaps: np.ndarray | pd.Series, counts: np.ndarray | pd.Series) -> d
         return dict.fromkeys(keys, float("nan"))
     order = np.argsort(values, kind="stable")
     values, ends = values[order], np.cumsum(weights[order])
-    stats = [float(np.dot(values, weights[order]) / ends[-1])]
+    stats = [weighted_sum(values, weights[order]) / float(ends[-1])]
     stats += [weighted_percentile(values, ends, q) for q in ITL_PERCENTILES]
     return dict(zip(keys, stats, strict=True))
+
+
+def weighted_sum(values: np.ndarray, weights: np.ndarray) -> float:
+    """The sum of ``values * weights``, the same float in every process.
+
+    Not ``np.dot``: OpenBLAS splits a long dot product across its threads and adds the partial
+    sums, so the last bit follows the thread count, which differs between this process, a pool
+    worker and a Ray worker (started with ``OMP_NUM_THREADS=1``). numpy's own sum of the
+    products (pairwise, over one contiguous float64 array) depends only on the values and their
+    order.
+    """
+    products = np.multiply(values, weights, dtype=np.float64)
+    return float(np.add.reduce(products))
 
 
 def weighted_percentile(sorted_values: np.ndarray, cum_counts: np.ndarray, q: float) -> float:

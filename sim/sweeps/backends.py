@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -86,6 +87,54 @@ def resolve_workers(workers: int | None) -> int:
             f"workers = {workers!r}: give a count >= 1, or 0 for every core", field="workers"
         )
     return workers
+
+
+@dataclass(frozen=True)
+class WorkerCount:
+    """How many workers a sweep or search starts, and why fewer than asked for.
+
+    Attributes:
+        requested: the ``workers`` given (0 or None: every core).
+        used: what the backend gets: at most the tasks that can run at once and this
+            machine's CPUs (a worker beyond either would only wait, or compete for a core).
+        tasks: the most tasks that can run at once.
+        cpus: ``os.cpu_count()``.
+    """
+
+    requested: int | None
+    used: int
+    tasks: int
+    cpus: int
+
+    @classmethod
+    def for_tasks(cls, requested: int | None, tasks: int, *, cluster: bool = False) -> WorkerCount:
+        """Cap ``requested`` (checked as :func:`resolve_workers` does) at ``tasks`` and the CPUs.
+
+        ``cluster``: the workers are a Ray cluster's, not started here, so nothing is capped.
+        """
+        wanted, cpus = resolve_workers(requested), os.cpu_count() or 1
+        used = wanted if cluster else max(1, min(wanted, tasks, cpus))
+        return cls(requested, used, tasks, cpus)
+
+    def note(self) -> str:
+        """One line when an explicit count was cut down; "" otherwise (0 means "every core" anyway)."""
+        if not self.requested or self.used >= self.requested or not self.tasks:
+            return ""  # 0: every core was asked for; no tasks: a fully resumed sweep starts none
+        limits = [f"{self.tasks} task{'s' if self.tasks != 1 else ''} at a time"] if self.used == self.tasks else []
+        limits += [f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}"] if self.used == self.cpus else []
+        return f"workers: {self.requested} requested, {self.used} used (capped at {' and '.join(limits)})"
+
+    def metadata(self) -> dict[str, Any]:
+        """A JSON-able record for ``sweep.json``."""
+        record: dict[str, Any] = {"requested": self.requested or 0, "used": self.used}
+        return record | ({"note": self.note()} if self.note() else {})
+
+
+def open_capped_backend(name: str, workers: int | None, address: str | None, tasks: int) -> tuple[Backend, WorkerCount]:
+    """:func:`open_backend` with ``workers`` capped by :meth:`WorkerCount.for_tasks` (``--workers 1000``
+    for two tasks starts two processes, not 1000), and the count it got."""
+    count = WorkerCount.for_tasks(workers, tasks, cluster=name == "ray" and address is not None)
+    return open_backend(name, count.used, address), count
 
 
 def open_backend(name: str, workers: int | None = 1, address: str | None = None) -> Backend:

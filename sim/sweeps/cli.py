@@ -58,7 +58,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=0,
-        help="processes, or CPUs of a local Ray (default 0: every core)",
+        help="processes, or CPUs of a local Ray (default 0: every core); capped, with a note, at the runs "
+        "that can go at once and at the CPUs",
     )
     p.add_argument(
         "--backend", choices=BACKENDS, default="local", help="where runs execute (default: local)"

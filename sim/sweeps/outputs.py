@@ -39,7 +39,7 @@ CAPACITY_COLUMNS = {
     "rps_per_gpu": "req/s per GPU", "requests_per_usd": "requests per USD",
     "ttft_p99_s": "TTFT p99 (ms)",
     "tpot_p99_s": "TPOT p99 (ms)", "e2e_p99_s": "E2E p99 (s)", "slo_attainment": "SLO attained (%)",
-    "note": "note",
+    "gpu_busy_frac": "GPU busy (%)", "note": "note",
 }  # fmt: skip
 
 

@@ -25,7 +25,8 @@ from sim.config import Scenario
 from sim.errors import UserError
 from sim.io.scenario import load_scenario
 from sim.metrics.summary import EXTRA_COLUMNS, SUMMARY_COLUMNS
-from sim.sweeps.backends import Backend, open_backend
+from sim.progress import is_terminal
+from sim.sweeps.backends import Backend, WorkerCount, open_capped_backend
 from sim.sweeps.grid import (
     describe_point,
     expand_grid,
@@ -115,14 +116,14 @@ def run_sweep(
     if out is not None:
         check_folder(Path(out))  # before anything runs or is written
     # Fails fast when Ray is missing or its --address does not answer, still before writing.
-    engine = open_backend(backend, workers, address)
+    engine, count = open_capped_backend(backend, workers, address, tasks=len(plan.keys))
     with closing(engine), _open_store(plan, out) as store:  # closing: a joined Ray, whatever fails
         texts = store.start(resume, plan.expected_rows) if store else []
         todo = plan.tasks(skip=plan.keys_in(texts))
         done = len(plan.keys) - len(todo)
         workers_up = engine if todo else nullcontext()  # a fully resumed sweep starts none
         with workers_up, progress_bar(progress, "sweep", "point", len(plan.keys), done) as bar:
-            report_startup(engine, bar, progress)
+            report_startup(engine, bar, progress, count)
             for result in _results(engine, point_fn, todo):
                 text = rows_text(plan.point_frame(result))
                 if store:
@@ -133,7 +134,7 @@ def run_sweep(
         rows = order_rows(plan.columns, texts)
         execution = engine.startup.metadata() if engine.startup else None
         if store:
-            store.finish(rows, execution)  # completion order -> grid order: identical sweeps, identical files
+            store.finish(rows, execution, count.metadata())  # completion order -> grid order: identical files
     table = plan.table(rows)
     if execution is not None:
         table.attrs["execution"] = execution  # not a column: it varies from run to run
@@ -254,20 +255,38 @@ class _NoBar:
         """Nothing to show."""
 
 
+class _LinesOnly(_NoBar):
+    """Stands in for tqdm on a redirected stderr (a log file, CI, a pipe): no bar frames, which
+    would fill the log with carriage-return redraws, but the lines written through it (a failed
+    point, how many workers run, Ray's start-up) still reach it."""
+
+    def write(self, text: str, file: Any = None) -> None:
+        """Print ``text`` as one line."""
+        print(text, file=file or sys.stderr, flush=True)
+
+
 def progress_bar(
     enabled: bool, desc: str, unit: str, total: int | None = None, initial: int = 0
 ) -> Any:
-    """A tqdm bar on stderr, or a silent stand-in (no thread) when not ``enabled``."""
+    """A tqdm bar on stderr when it is a terminal (as ``run``'s, :mod:`sim.progress`); its lines but
+    no bar on a redirected stderr; a silent stand-in (no thread) when not ``enabled``."""
     if not enabled:
         return _NoBar()
+    if not is_terminal(sys.stderr):
+        return _LinesOnly()
     return tqdm(
         total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True
     )
 
 
-def report_startup(engine: Backend, bar: Any, progress: bool) -> None:
-    """Say on the progress output what getting the workers cost (Ray: start, join or reuse)."""
-    if progress and engine.startup is not None:
+def report_startup(engine: Backend, bar: Any, progress: bool, count: WorkerCount | None = None) -> None:
+    """Say on the progress output how many workers run when fewer than asked for, and what getting
+    them cost (Ray: start, join or reuse)."""
+    if not progress:
+        return
+    if count is not None and count.note():
+        bar.write(count.note(), file=sys.stderr)
+    if engine.startup is not None:
         bar.write(engine.startup.line(), file=sys.stderr)
 
 

@@ -34,7 +34,7 @@ import pandas as pd
 from sim.config import ConstantArrival, GammaArrival, PoissonArrival, Scenario
 from sim.errors import UserError, did_you_mean
 from sim.io.scenario import load_scenario
-from sim.sweeps.backends import open_backend
+from sim.sweeps.backends import open_capped_backend
 from sim.sweeps.capacity_search import SearchOutcome, search_rate
 from sim.sweeps.grid import normalize_seeds
 from sim.sweeps.runner import progress_bar, report_startup
@@ -64,6 +64,7 @@ REPORTED_METRICS = (
     "ttft_p99_s",
     "tpot_p99_s",
     "e2e_p99_s",
+    "gpu_busy_frac",
     "completed",
     "requests",
 )
@@ -73,6 +74,10 @@ RATE_PATH = "workload.arrival.rate"
 
 SUSTAINED_FRACTION = 0.8
 """Below this throughput / offered rate, the report notes the run was too short to show overload."""
+
+IDLE_BUSY_FRACTION = 0.1
+"""Below this GPU busy fraction at the reported rate, the report notes that the SLO holds only on an
+almost idle server (and why), instead of leaving a tiny rate such as 0.0042 req/s unexplained."""
 
 
 def capacity(
@@ -150,11 +155,10 @@ def find_capacity(
     if only is not None:
         spec = replace(spec, only=tuple(only))
     runs = _Runs(spec, point_fn)
-    with (
-        open_backend(backend, workers, address) as engine,
-        progress_bar(progress, "capacity", "run") as bar,
-    ):
-        report_startup(engine, bar, progress)
+    # A round runs one rate per policy and seed at once: more workers than that would only wait.
+    engine, count = open_capped_backend(backend, workers, address, tasks=len(spec.policies) * len(spec.seeds))
+    with engine, progress_bar(progress, "capacity", "run") as bar:
+        report_startup(engine, bar, progress, count)
         outcomes = _drive(spec, runs, engine, bar)
     return spec.report(outcomes, runs)
 
@@ -241,11 +245,16 @@ class CapacitySpec:
 
     def report(self, outcomes: Mapping[str, SearchOutcome], runs: _Runs) -> pd.DataFrame:
         """One row per policy, in scenario order."""
-        return pd.DataFrame([self._row(name, outcomes[name], runs) for name in self.policies])
+        found = {name: outcomes[name].rate_rps for name in self.policies if outcomes[name].rate_rps is not None}
+        best = max(found.items(), key=lambda item: item[1], default=None)
+        return pd.DataFrame([self._row(name, outcomes[name], runs, best) for name in self.policies])
 
-    def _row(self, policy: str, outcome: SearchOutcome, runs: _Runs) -> dict[str, Any]:
+    def _row(
+        self, policy: str, outcome: SearchOutcome, runs: _Runs, best: tuple[str, float] | None
+    ) -> dict[str, Any]:
         rate = outcome.rate_rps
         metrics = runs.mean(policy, rate) if rate is not None else {}
+        idle = self._idle_note(policy, rate, metrics, best)
         return {
             "policy": policy,
             "rate_rps": _nan(rate),
@@ -256,8 +265,35 @@ class CapacitySpec:
             "seeds": len(self.seeds),
             **{m: metrics.get(m, math.nan) for m in REPORTED_METRICS},
             "runs": runs.count(policy),
-            "note": _join(outcome.note, _transient_note(rate, metrics)),
+            "note": _join(outcome.note, _transient_note(rate, metrics), idle),
         }
+
+    def _idle_note(
+        self, policy: str, rate_rps: float | None, metrics: Mapping[str, float], best: tuple[str, float] | None
+    ) -> str:
+        """Why a capacity reached only with the GPU almost idle is so low; "" for any other.
+
+        The SLO then holds only while requests seldom arrive during another's service, so the
+        rate is set by how rarely they overlap, not by what the GPU can do. That happens when
+        serving one request alone takes longer than the TTFT bound and a newcomer must wait
+        for it, as under static batching.
+        """
+        busy = metrics.get("gpu_busy_frac", math.nan)
+        if rate_rps is None or not busy < IDLE_BUSY_FRACTION:  # NaN (no GPU figure) says nothing
+            return ""
+        note = f"met only with the GPU {busy:.1%} busy"
+        if best is not None and best[1] > rate_rps:
+            note += f", {best[1] / rate_rps:,.0f}x below {best[0]}'s {best[1]:.3g} req/s"
+        note += ": the SLO holds only while requests seldom arrive during another's service"
+        e2e_s, ttft_bound_s = metrics.get("e2e_p99_s", math.nan), self.slo.get("ttft_p99_s", math.inf)
+        if e2e_s > ttft_bound_s:
+            note += f" (one is served in up to {e2e_s:.3g} s, E2E p99, and the TTFT bound is {ttft_bound_s:g} s)"
+        if self._kind(policy) == "static":
+            note += "; a static batch admits no request until its longest output ends"
+        return note
+
+    def _kind(self, policy: str) -> str | None:
+        return next((p.kind for p in self.base.policies if p.name == policy), None)
 
 
 class _Runs:

@@ -147,16 +147,20 @@ class SweepFile:
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         os.fsync(self._fd)
 
-    def finish(self, rows: Sequence[str], execution: dict[str, Any] | None = None) -> None:
+    def finish(
+        self, rows: Sequence[str], execution: dict[str, Any] | None = None, workers: dict[str, Any] | None = None
+    ) -> None:
         """Replace the incremental file with ``rows`` (all of them, in grid order) and close it.
 
-        ``execution`` (how the runs were executed, e.g. Ray's start-up time) is added to
-        ``sweep.json`` under that key; resume does not compare it, since it varies run to run.
+        ``execution`` (how the runs were executed, e.g. Ray's start-up time) and ``workers``
+        (:meth:`sim.sweeps.backends.WorkerCount.metadata`) are added to ``sweep.json`` under
+        those keys; resume does not compare them, since they vary run to run.
         """
         self.close()
         _write_atomic(self.path, header_line(self.columns) + "".join(rows))
-        if execution is not None:
-            self._write_manifest({**self.manifest, "execution": execution})
+        extra = {"execution": execution, "workers": workers}
+        if any(value is not None for value in extra.values()):
+            self._write_manifest(self.manifest | {k: v for k, v in extra.items() if v is not None})
 
     def close(self) -> None:
         """Close the file (idempotent)."""
