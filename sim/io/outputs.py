@@ -63,7 +63,9 @@ CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far fine
 PLOTS = {
     "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r)),
     "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r)),
-    "timeline.png": lambda r, p: p.timeline(r.iterations, requests=r.requests),
+    "timeline.png": lambda r, p: p.timeline(
+        r.iterations, requests=r.requests, every=r.iterations_every, replicas=r.replicas_per_policy
+    ),
     "throughput.png": lambda r, p: p.throughput_over_time(r.requests),
 }
 RESOLVED_YAML = "scenario.resolved.yaml"

@@ -11,6 +11,7 @@ line style per policy so no line hides another.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
@@ -99,7 +100,12 @@ def _timeout_mark(ax: Axes, timeout_s: float, cdfs: list[data.CdfSeries]) -> Non
 
 
 def timeline(
-    iterations: pd.DataFrame, by: str = "policy", bin_s: float | None = None, requests: pd.DataFrame | None = None
+    iterations: pd.DataFrame,
+    by: str = "policy",
+    bin_s: float | None = None,
+    requests: pd.DataFrame | None = None,
+    every: int | Mapping[str, int] = 1,
+    replicas: int | Mapping[str, int] | None = None,
 ) -> Figure:
     """Batch size, KV-cache use, queue length and GPU utilization over time, per bin.
 
@@ -112,13 +118,17 @@ def timeline(
         by: grouping column; absent means one group.
         bin_s: bin width in seconds; default: the run's span / ``DEFAULT_BINS``.
         requests: per-request records; given, a queue-length panel is added.
+        every: how many passes each row stands for: a run's ``facts["iterations_every"]``
+            (per policy) when its iterations were sampled, else 1.
+        replicas: workers averaged over, per policy (a run's ``replicas_per_policy``);
+            default: the distinct ``replica`` ids among the rows.
 
     Returns:
         A Figure whose shared panels (batch size, KV fraction, queue length when
         ``requests`` is given) hold one line per group in its own style, followed by one
         utilization panel per group with its busy (solid), MBU (dashed) and MFU (dotted) lines.
     """
-    binned = data.timeline(iterations, requests, by, bin_s)
+    binned = data.timeline(iterations, requests, by, bin_s, every, replicas)
     shared = ["batch", "kv"] + (["queue"] if requests is not None else [])
     fig, axes = _figure(len(shared), small=len(binned.series))
     labels = {"batch": "batch size\n(sequences)", "kv": "KV cache used\n(fraction)", "queue": "waiting\nrequests"}
