@@ -382,8 +382,13 @@ def write_trace(result: RunData, path: Path) -> None:
 
     from sim.report.trace_events import trace_events
 
-    client = result.scenario.client
-    document = trace_events(result.requests, result.iterations, timeout_s=client.timeout_s if client else None)
+    client, block = result.scenario.client, result.scenario.disaggregation
+    document = trace_events(
+        result.requests,
+        result.iterations,
+        timeout_s=client.timeout_s if client else None,
+        prefill_replicas={block.name: block.prefill.replicas} if block is not None else None,
+    )
     with path.open("w") as handle:
         json.dump(document, handle, separators=(",", ":"))
 
