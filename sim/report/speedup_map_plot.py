@@ -2,9 +2,9 @@
 
 The colour scale (logarithmic, 1x to the larger of the quoted range's top and the map's
 maximum, ticks labelled like the cells: 1x, 2x, 4x) is shared by every class so that
-figures compare at a glance; cells whose speedup
-lies inside the quoted range are outlined and hatched. Built on
-:class:`matplotlib.figure.Figure` like :mod:`sim.report.plots` (no pyplot state).
+figures compare at a glance; cells whose speedup lies inside the quoted range are outlined
+and hatched. Built on :class:`matplotlib.figure.Figure` like :mod:`sim.report.plots` (no
+pyplot state).
 """
 
 from __future__ import annotations
