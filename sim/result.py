@@ -43,3 +43,22 @@ class RunData:
     seed: int = field(default=0)
     summary_only: bool = False
     benchmark: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def iterations_every(self) -> dict[str, int]:
+        """Per policy, how many forward passes each row of ``iterations`` stands for (its k).
+
+        1 for a policy the facts do not name (every pass kept); pass it as ``every`` to
+        :func:`sim.report.plots.timeline` so sampled rows count for the passes dropped.
+        """
+        recorded = self.facts.get("iterations_every", {})
+        return {str(name): int(recorded.get(name, 1)) for name in self.summary.get("policy", [])}
+
+    @property
+    def replicas_per_policy(self) -> dict[str, int] | None:
+        """Per policy, the GPU workers its summary averages over (all of them, busy or not);
+        None for a summary without that column."""
+        if "replicas" not in self.summary.columns:
+            return None
+        counts = zip(self.summary["policy"], self.summary["replicas"], strict=True)
+        return {str(name): int(count) for name, count in counts}

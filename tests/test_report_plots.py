@@ -318,3 +318,40 @@ def test_timeline_utilization_lines_average_to_busy_mfu_and_mbu():
     for line, busy_s in zip(lines, expected, strict=True):
         x, y = line.get_xdata(), line.get_ydata()
         assert np.sum(y[:-1] * np.diff(x)) / span_s == pytest.approx(busy_s / capacity_s, rel=1e-9)
+
+
+COMMITTED_SPEEDUPS = pd.DataFrame(  # results/batching_speedup.csv, whose 1.90x label crossed the frame
+    {
+        "scenario": ["seed_long", "seed_medium", "seed_mixed", "seed_short"],
+        "speedup": [1.34286, 1.58763, 1.90211, 1.57324],
+        "throughput_gain": [1.34376, 1.58412, 1.8778, 1.5806],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        COMMITTED_SPEEDUPS,
+        COMMITTED_SPEEDUPS.assign(speedup=[12.5, 1.0, 0.4, 3.0]),  # one tall bar
+        COMMITTED_SPEEDUPS.assign(throughput_gain=[1.0, 1.0, 1.0, 1.0]),  # the tallest label on the first bar
+    ],
+    ids=["committed", "tall", "first"],
+)
+def test_speedup_bar_labels_lie_inside_the_axes_and_clear_of_the_legend(table):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plots.speedup_bars(table)
+    FigureCanvasAgg(fig).draw()  # lays the figure out as saving it does
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    frame = ax.get_window_extent(renderer)
+    (legend,) = [legend.get_window_extent(renderer) for legend in [*fig.legends, ax.get_legend()] if legend]
+    labels = [t for t in ax.texts if t.get_text()]
+    assert len(labels) == 2 * len(table)
+    for box in [legend] + [text.get_window_extent(renderer) for text in labels]:
+        assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), box
+    for text in labels:
+        box = text.get_window_extent(renderer)
+        assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1), text.get_text()
+        assert not box.overlaps(legend), text.get_text()

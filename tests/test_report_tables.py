@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from sim.errors import UserError
 from sim.metrics.summary import EXTRA_COLUMNS, SUMMARY_COLUMNS
-from sim.report.tables import format_value, summary_markdown, summary_text
+from sim.report.tables import display_width, format_value, summary_markdown, summary_text
 
 
 def make_summary(policies: list[str]) -> pd.DataFrame:
@@ -86,3 +88,31 @@ def test_text_table_has_header_and_one_line_per_policy():
     assert len(lines) == 1 + len(POLICIES)
     assert [line.split()[0] for line in lines[1:]] == POLICIES
     assert text == summary_text(summary)
+
+
+def _huge(policies: list[str]) -> pd.DataFrame:
+    """A summary with 10^9-sized cells in several columns, each in a different row."""
+    summary = make_summary(policies)
+    summary.loc[0, "output_tps"] = 1e9
+    summary.loc[1, "completed"] = 10**9
+    summary.loc[2, "ttft_p99_s"] = 1e9  # shown in ms: 13 digits
+    summary.loc[len(policies) - 1, "preemptions"] = 10**9
+    return summary
+
+
+def test_text_table_columns_line_up_with_huge_values():
+    lines = summary_text(_huge(["static", "a-much-longer-policy-name", "vllm", "s"])).rstrip("\n").splitlines()
+    assert len({len(line) for line in lines}) == 1
+    assert "1000000000" in lines[1] and "1000000000000.0" in lines[3]
+    # Cells hold no spaces: every numeric cell of a row ends where the same cell of every other row ends.
+    ends = [[m.end() for m in re.finditer(r"\S+", line)][1:] for line in lines[1:]]
+    assert all(row == ends[0] for row in ends) and len(ends[0]) == len(re.split(r"\s{2,}", lines[0])) - 1
+
+
+def test_text_table_columns_line_up_with_wide_and_combining_characters():
+    # "连续批处理": 5 code points, 10 terminal columns; "e\u0301tat" (é by a combining accent): 5 and 4.
+    names = ["static", "连续批处理", "e\u0301tat", "vllm"]
+    lines = summary_text(_huge(names)).rstrip("\n").splitlines()
+    columns_minus_code_points = {2: 5, 3: -1}  # by line: header, then one per policy
+    assert len({len(line) + columns_minus_code_points.get(i, 0) for i, line in enumerate(lines)}) == 1
+    assert {display_width(line) for line in lines} == {len(lines[0])}

@@ -190,3 +190,27 @@ def test_map_is_skipped_without_the_seed_table(tmp_path: Path) -> None:
     assert write_speedup_map(tmp_path, tmp_path / "out", log=messages.append) is None
     assert messages and "skipped the speedup map" in messages[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("top_speedup", [1.8, 5.19, 40.0])
+def test_heatmap_colour_bar_reads_in_plain_multiples(top_speedup: float) -> None:
+    """Colour-bar ticks read like the cells ("2x"), never the log axis' default "2x10^0"."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sim.report.speedup_map_plot import speedup_heatmap
+
+    loads, sizes = [BURST, 0.9], [8, 16]
+    speedups = np.geomspace(1.2, top_speedup, len(loads) * len(sizes))
+    table = pd.DataFrame(
+        [{"length_class": "mixed", "load": load, "max_batch_size": size} for load in loads for size in sizes]
+    ).assign(speedup=speedups, speedup_spread=0.05)
+    fig = speedup_heatmap(table, "mixed", band=(1.5, 1.6))  # the bar's top is the map's maximum
+    FigureCanvasAgg(fig).draw()
+    bar = fig.axes[1]
+    low, high = sorted(bar.get_ylim())
+    labels = bar.get_yticklabels(minor=False) + bar.get_yticklabels(minor=True)
+    shown = [(t.get_text(), t.get_position()[1]) for t in labels]
+    visible = [(text, at) for text, at in shown if text and low <= at <= high]
+    assert len(visible) >= 3, shown
+    for text, at in visible:
+        assert "10^" not in text and "$" not in text and text == f"{at:g}x"

@@ -123,3 +123,75 @@ def test_trace_with_summary_only_is_one_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--summary-only" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def disaggregated(tmp_path_factory):
+    """A short disaggregated run (2 prefill + 2 decode replicas) beside two colocated policies,
+    saved with its trace as ``run --trace-events`` saves it."""
+    overrides = {"workload.requests": 60, "metrics.warmup_s": 0}
+    result = run(load_scenario(REPO / "scenarios" / "disaggregation" / "gpus4.yaml", overrides))
+    out = tmp_path_factory.mktemp("disagg") / "run"
+    result.save(out, plots=False, trace_events=True)
+    return result, json.loads((out / "trace.json").read_text())
+
+
+def _process_ids(document: dict) -> dict[str, int]:
+    return {e["args"]["name"]: e["pid"] for e in document["traceEvents"] if e.get("name") == "process_name"}
+
+
+def test_every_counter_sits_on_a_process_and_thread(overload, disaggregated) -> None:
+    for document in (trace_events(overload.requests, overload.iterations, timeout_s=60.0), disaggregated[1]):
+        counters = [e for e in document["traceEvents"] if e["ph"] == "C"]
+        assert counters and all(isinstance(e.get("pid"), int) and isinstance(e.get("tid"), int) for e in counters)
+    # A replica's KV counter sits on that replica's thread.
+    for event in (e for e in disaggregated[1]["traceEvents"] if e["ph"] == "C" and e["name"].startswith("KV")):
+        assert event["name"].endswith(f"replica {event['tid']})")
+
+
+def test_disaggregated_tracks_name_their_pool(disaggregated) -> None:
+    result, document = disaggregated
+    block = result.scenario.disaggregation
+    pid = next(p for name, p in _process_ids(document).items() if name.startswith(block.name))
+    threads = {e["tid"]: e["args"]["name"] for e in document["traceEvents"]
+               if e.get("name") == "thread_name" and e["pid"] == pid}  # fmt: skip
+    total = block.prefill.replicas + block.decode.replicas
+    assert sorted(threads) == list(range(total))
+    assert [threads[t].split(" pool")[0] for t in range(total)] == (
+        ["prefill"] * block.prefill.replicas + ["decode"] * block.decode.replicas
+    )
+    # The names agree with the work: prefill tracks never decode, decode tracks never prefill here.
+    for event in (e for e in document["traceEvents"] if e["ph"] == "X" and e["pid"] == pid):
+        pool = threads[event["tid"]].split(" pool")[0]
+        assert event["args"]["decode_tokens" if pool == "prefill" else "prefill_tokens"] == 0, event
+    colocated = [name for name in _process_ids(document) if not name.startswith(block.name)]
+    assert colocated and all("pool" not in name for name in colocated)
+
+
+def _spans(events: list[dict], pid: int, name: str) -> dict[int, tuple[float, float]]:
+    begins = {e["id"]: e["ts"] for e in events if e["pid"] == pid and e["ph"] == "b" and e["name"] == name}
+    ends = {e["id"]: e["ts"] for e in events if e["pid"] == pid and e["ph"] == "e" and e["name"] == name}
+    assert begins.keys() == ends.keys()
+    return {rid: (begins[rid] / 1e6, ends[rid] / 1e6) for rid in begins}
+
+
+def test_kv_transfer_is_its_own_phase_of_the_recorded_length(disaggregated) -> None:
+    result, document = disaggregated
+    name = result.scenario.disaggregation.name
+    events, pids = document["traceEvents"], _process_ids(document)
+    pid = next(p for label, p in pids.items() if label.startswith(name))
+    transfers, decodes = _spans(events, pid, "KV transfer"), _spans(events, pid, "decode")
+    requests = result.requests[result.requests["policy"] == name]
+    handed_off = requests[requests["kv_transfer_s"].notna() & (requests["status"] == "completed")]
+    assert len(handed_off) > 0 and set(handed_off["request_id"]) <= set(transfers)
+    for row in handed_off.itertuples():
+        start, stop = transfers[row.request_id]
+        assert math.isclose(stop - start, row.kv_transfer_s, rel_tol=1e-6, abs_tol=1e-9)
+        assert math.isclose(start, row.first_token_s, rel_tol=1e-12)  # after the prefill, not inside it
+        decode_start = decodes[row.request_id][0] if row.request_id in decodes else row.completion_s
+        assert stop <= decode_start + 1e-9  # decoding begins once the KV has arrived
+        if row.request_id in decodes:
+            assert math.isclose(decode_start, row.first_token_s + row.kv_wait_s, rel_tol=1e-12)
+    for label, other in pids.items():  # colocated policies hand nothing off
+        if not label.startswith(name):
+            assert not _spans(events, other, "KV transfer")

@@ -63,7 +63,9 @@ CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far fine
 PLOTS = {
     "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r)),
     "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r)),
-    "timeline.png": lambda r, p: p.timeline(r.iterations, requests=r.requests),
+    "timeline.png": lambda r, p: p.timeline(
+        r.iterations, requests=r.requests, every=r.iterations_every, replicas=r.replicas_per_policy
+    ),
     "throughput.png": lambda r, p: p.throughput_over_time(r.requests),
 }
 RESOLVED_YAML = "scenario.resolved.yaml"
@@ -380,8 +382,13 @@ def write_trace(result: RunData, path: Path) -> None:
 
     from sim.report.trace_events import trace_events
 
-    client = result.scenario.client
-    document = trace_events(result.requests, result.iterations, timeout_s=client.timeout_s if client else None)
+    client, block = result.scenario.client, result.scenario.disaggregation
+    document = trace_events(
+        result.requests,
+        result.iterations,
+        timeout_s=client.timeout_s if client else None,
+        prefill_replicas={block.name: block.prefill.replicas} if block is not None else None,
+    )
     with path.open("w") as handle:
         json.dump(document, handle, separators=(",", ":"))
 

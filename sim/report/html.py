@@ -131,7 +131,9 @@ def timeline_figure(result: RunData) -> dict[str, Any]:
     iterations = result.iterations
     span_s = float((iterations["start_s"] + iterations["duration_s"]).max() - iterations["start_s"].min())
     bin_s = span_s / HTML_TIMELINE_BINS if span_s > 0 else None
-    binned = data.timeline(iterations, result.requests, bin_s=bin_s)
+    binned = data.timeline(
+        iterations, result.requests, bin_s=bin_s, every=result.iterations_every, replicas=result.replicas_per_policy
+    )
     panels = [(key, title) for key, title in TIMELINE_PANELS if any(key in s for s in binned.series.values())]
     slider = {"visible": True, "thickness": 0.05}
     layout: dict[str, Any] = {

@@ -6,13 +6,16 @@ timed-out ones at their latency when they have one (a TTFT seen before giving up
 otherwise as a mass at the client timeout (they waited at least that long), rejected
 ones never (the curve tops out below 1 by their share). Percentiles are read off that
 curve, so under timeouts they can exceed the summary's, which counts completed requests.
-Timelines are exact time-weighted means per bin (:func:`binned_time_mean`).
+Timelines are exact time-weighted means per bin (:func:`binned_time_mean`) of the rows
+they are given; a run keeps only every k-th pass per policy beyond ``metrics.max_iteration_rows``
+(:func:`sim.metrics.records.sample_every_kth`), so each kept row is counted k times: it stands
+for itself and the k - 1 passes after it that were dropped.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,22 +156,39 @@ def _percentile_ms(padded: np.ndarray, q: float) -> float:
 
 
 def timeline(
-    iterations: pd.DataFrame, requests: pd.DataFrame | None = None, by: str = "policy",
+    iterations: pd.DataFrame,
+    requests: pd.DataFrame | None = None,
+    by: str = "policy",
     bin_s: float | None = None,
+    every: int | Mapping[str, int] = 1,
+    replicas: int | Mapping[str, int] | None = None,
 ) -> Timeline:
     """Batch size, KV fraction, busy/MBU/MFU (mean per replica) and queue length (all replicas) per bin.
 
     Idle time counts as 0 and replicas are averaged, so over bins spanning the run the KV
     series averages to the summary's ``kv_mean_frac`` and busy/MFU/MBU to ``gpu_busy_frac``,
-    ``mfu_mean``, ``mbu_mean`` (on unsampled records). The queue counts requests between
-    arrival and first scheduling (or their end, if never scheduled).
+    ``mfu_mean``, ``mbu_mean`` (exactly on unsampled records, up to the sampling error on
+    every k-th pass). The queue counts requests between arrival and first scheduling (or
+    their end, if never scheduled).
+
+    Args:
+        iterations: per-iteration records.
+        requests: per-request records; given, a ``queue`` series is added.
+        by: grouping column; absent means one group.
+        bin_s: bin width in seconds; default: the span / ``DEFAULT_BINS``.
+        every: the sampling factor k of ``iterations``: one for all groups, or per group label
+            (a run's ``facts["iterations_every"]``); each row counts as k passes.
+        replicas: GPU workers to average over, for all groups or per group label (the
+            summary's ``replicas``); None: the distinct ``replica`` ids among the rows, which
+            misses a worker that ran no kept pass.
     """
     require(iterations, ["start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total"], "iterations")
     ends = iterations["start_s"] + iterations["duration_s"]
     edges = edges_for(iterations["start_s"].min(), ends.max(), bin_s)
     out = Timeline(edges)
     for label, group in groups(iterations, by):
-        out.series[label] = _iteration_series(group, edges)
+        workers = _replica_count(group) if replicas is None else per_group(replicas, label, "replicas")
+        out.series[label] = _iteration_series(group, edges, per_group(every, label, "every") / workers)
     if requests is not None and {"arrival_s", "first_scheduled_s"} <= set(requests.columns):
         for label, group in groups(requests, by):
             if label in out.series:
@@ -176,8 +196,32 @@ def timeline(
     return out
 
 
-def _iteration_series(group: pd.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
-    replicas = group["replica"].nunique() if "replica" in group.columns else 1
+def per_group(value: int | Mapping[str, int], label: str, name: str) -> int:
+    """``value`` itself, or its entry for group ``label``: a positive integer.
+
+    Raises:
+        UserError: ``value`` is a mapping without ``label``, or the count is not an integer >= 1.
+    """
+    if isinstance(value, Mapping):
+        if label not in value:
+            raise UserError(f"{name} has no entry for {label!r}; it has {sorted(value)!r}"[:200], field=name)
+        value = value[label]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{name} must be an integer >= 1, got {value!r}"[:200], field=name)
+    return int(value)
+
+
+def _replica_count(group: pd.DataFrame) -> int:
+    return max(1, group["replica"].nunique()) if "replica" in group.columns else 1
+
+
+def _iteration_series(group: pd.DataFrame, edges: np.ndarray, scale: float) -> dict[str, np.ndarray]:
+    """Each quantity's time-weighted mean per bin, times ``scale`` = passes per row / workers.
+
+    A kept row stands for k passes: weighting it by k keeps each integral (busy seconds,
+    batch x seconds, ...) that of all passes instead of 1/k of it. The mass stays where the
+    sampled pass ran, so a bin holding few kept rows is noisy but never shifted in time.
+    """
     total = group["kv_blocks_total"].where(group["kv_blocks_total"] > 0)
     quantities = {
         "batch": group["batch_size"],
@@ -188,7 +232,7 @@ def _iteration_series(group: pd.DataFrame, edges: np.ndarray) -> dict[str, np.nd
         if column in group.columns:
             quantities[column] = group[column].fillna(0.0)
     return {
-        name: binned_time_mean(group["start_s"], group["duration_s"], values, edges) / replicas
+        name: binned_time_mean(group["start_s"], group["duration_s"], values, edges) * scale
         for name, values in quantities.items()
     }
 

@@ -1,9 +1,10 @@
 """Heat maps of the speedup map: one figure per length class, load x max batch size.
 
 The colour scale (logarithmic, 1x to the larger of the quoted range's top and the map's
-maximum) is shared by every class so that figures compare at a glance; cells whose speedup
-lies inside the quoted range are outlined and hatched. Built on
-:class:`matplotlib.figure.Figure` like :mod:`sim.report.plots` (no pyplot state).
+maximum, ticks labelled like the cells: 1x, 2x, 4x) is shared by every class so that
+figures compare at a glance; cells whose speedup lies inside the quoted range are outlined
+and hatched. Built on :class:`matplotlib.figure.Figure` like :mod:`sim.report.plots` (no
+pyplot state).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
 from sim.report.speedup import CLAIMED_SPEEDUP_RANGE
 from sim.report.speedup_map import BURST
@@ -43,7 +45,11 @@ def speedup_heatmap(table: pd.DataFrame, length_class: str,
     fig = Figure(figsize=(_WIDTH_IN, _HEIGHT_IN), dpi=_DPI, layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(grid, cmap="viridis", norm=LogNorm(vmin=1.0, vmax=top), aspect="auto")
-    fig.colorbar(image, ax=ax, label="speedup (static / continuous mean E2E)")
+    bar = fig.colorbar(image, ax=ax, label="speedup (static / continuous mean E2E)")
+    # A log axis labels its ticks 2x10^0 by default; state them as the cells do.
+    bar.ax.yaxis.set_major_locator(FixedLocator(colorbar_ticks(top)))
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}x"))
+    bar.ax.yaxis.set_minor_locator(NullLocator())
     for (i, j), value in np.ndenumerate(grid):
         _annotate(ax, i, j, float(value), float(spread[i, j]), band)
     ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
@@ -51,6 +57,16 @@ def speedup_heatmap(table: pd.DataFrame, length_class: str,
     ax.set(xlabel="max batch size", ylabel="load",
            title=f"{length_class}: continuous vs static (hatched: inside quoted {band[0]:g}x-{band[1]:g}x)")
     return fig
+
+
+def colorbar_ticks(top: float) -> list[float]:
+    """Speedups to mark on a 1x-to-``top`` log scale: the doublings 1, 2, 4, ..., or where
+    fewer than three fit, evenly spaced round values (1, 1.5, 2, 2.5 up to 2.9x)."""
+    doublings = [2.0**k for k in range(int(np.log2(max(top, 1.0))) + 1)]
+    if len(doublings) >= 3:
+        return doublings
+    even = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(1.0, top)
+    return [round(float(t), 9) for t in even if 1.0 <= t <= top * (1 + 1e-9)]
 
 
 def _annotate(ax: Axes, row: int, col: int, value: float, spread: float, band: tuple[float, float]) -> None:

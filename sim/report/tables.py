@@ -2,11 +2,14 @@
 
 Formatting is deterministic (fixed decimals per column, NaN shown as ``-``), so the
 same summary always renders to the same bytes and committed tables diff cleanly.
-Latencies below a second are shown in milliseconds, fractions as percentages.
+Latencies below a second are shown in milliseconds, fractions as percentages. Columns
+are as wide as their widest cell as a terminal shows it (:func:`display_width`: a CJK
+character takes two columns, a combining mark none), so any value or name stays aligned.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -201,12 +204,22 @@ def _choose_columns(
     return chosen
 
 
+def display_width(text: str) -> int:
+    """Terminal columns ``text`` takes: 2 per wide or full-width character (CJK, full-width
+    forms), 0 per combining mark, 1 otherwise (``len`` counts code points, not columns)."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text
+    )
+
+
 def _widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    return [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    return [max([display_width(h)] + [display_width(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
 
 def _join(cells: Sequence[str], widths: Sequence[int], numeric: Sequence[bool], sep: str) -> str:
-    padded = [
-        c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)
-    ]
+    """The cells padded to ``widths`` terminal columns: numbers on the right, text on the left."""
+    padded = []
+    for cell, width, num in zip(cells, widths, numeric, strict=True):
+        pad = " " * (width - display_width(cell))
+        padded.append(pad + cell if num else cell + pad)
     return sep.join(padded)

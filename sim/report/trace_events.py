@@ -2,10 +2,17 @@
 
 Layout: one process per policy, one thread (track) per replica holding a complete
 slice ("X") per forward pass, with the batch's size, prefill and decode tokens and KV
-blocks as arguments. Each request is an async slice from arrival to completion (or
-give-up) with nested phases ``queued``, ``prefill`` (to the first token) and ``decode``;
-rejected requests are instant events. Counters per policy: requests waiting in the
-queue and, per replica, KV blocks in use.
+blocks as arguments; a disaggregated deployment names each replica's pool ("prefill
+pool, replica 0", "decode pool, replica 2": the ids of ``iterations.csv``). Each request
+is an async slice from arrival to completion (or give-up) with nested phases ``queued``,
+``prefill`` (to the first token) and ``decode``; rejected requests are instant events.
+A disaggregated request has two more between prefill and decode: ``KV transfer`` (its
+``kv_transfer_s``: link queue and transfer) and ``awaiting decode`` (the rest of its
+``kv_wait_s``: waiting for room on the decode replica and for its next pass). The records
+hold both durations but not when the transfer began, so it is drawn right after the first
+token, which is when it begins whenever the decode replica has room. Counters per policy
+(on thread 0; the format keeps counters per process): requests waiting in the queue and,
+on each replica's thread, its KV blocks in use.
 
 Size cap (stated in ``otherData.sampling`` of the file): at most ``max_passes`` pass
 slices and counter samples per policy (every k-th pass beyond that, k the smallest
@@ -16,6 +23,7 @@ request id). Timestamps are microseconds, the format's unit.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +43,7 @@ def trace_events(
     timeout_s: float | None = None,
     max_passes: int = MAX_PASSES,
     max_requests: int = MAX_REQUESTS,
+    prefill_replicas: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The trace-event document of one run (``json.dump`` it to ``trace.json``).
 
@@ -45,6 +54,8 @@ def trace_events(
             (None: timed-out requests end at their arrival, as instants).
         max_passes: pass slices kept per policy (every k-th beyond it).
         max_requests: request slices kept per policy (every k-th beyond it).
+        prefill_replicas: per disaggregated deployment (by its policy label), its prefill
+            replicas P: replicas 0..P-1 form the prefill pool, the rest the decode pool.
 
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
@@ -58,9 +69,10 @@ def trace_events(
         reqs = requests[requests["policy"].astype(str) == policy]
         pass_every, request_every = _every(len(passes), max_passes), _every(len(reqs), max_requests)
         sampling[policy] = {"passes_every": pass_every, "requests_every": request_every}
-        events += _metadata(pid, policy, passes)
+        split = (prefill_replicas or {}).get(policy)
+        events += _metadata(pid, policy, passes, split)
         events += _pass_slices(pid, passes.iloc[::pass_every])
-        events += _kv_counters(pid, passes.iloc[::pass_every])
+        events += _kv_counters(pid, passes.iloc[::pass_every], split)
         events += _queue_counter(pid, reqs, timeout_s, max_passes)
         events += _request_slices(pid, reqs.iloc[::request_every], timeout_s)
     return {
@@ -74,12 +86,20 @@ def _every(rows: int, cap: int) -> int:
     return max(1, math.ceil(rows / cap))
 
 
-def _metadata(pid: int, policy: str, passes: pd.DataFrame) -> list[Event]:
-    meta: list[Event] = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": policy}}]
+def _metadata(pid: int, policy: str, passes: pd.DataFrame, split: int | None) -> list[Event]:
+    process = policy if split is None else f"{policy} (disaggregated: prefill and decode pools)"
+    meta: list[Event] = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": process}}]
     for replica in sorted(set(passes["replica"].astype(int))):
-        name = {"name": f"replica {replica}"}
+        name = {"name": _replica_name(replica, split)}
         meta.append({"ph": "M", "pid": pid, "tid": replica, "name": "thread_name", "args": name})
     return meta
+
+
+def _replica_name(replica: int, split: int | None) -> str:
+    """A replica's track name: "replica 3", or with a disaggregated deployment's split "decode pool, replica 3"."""
+    if split is None:
+        return f"replica {replica}"
+    return f"{'prefill' if replica < split else 'decode'} pool, replica {replica}"
 
 
 def _pass_name(prefill_tokens: int, decode_tokens: int) -> str:
@@ -102,10 +122,10 @@ def _pass_slices(pid: int, passes: pd.DataFrame) -> list[Event]:
     ]  # fmt: skip
 
 
-def _kv_counters(pid: int, passes: pd.DataFrame) -> list[Event]:
+def _kv_counters(pid: int, passes: pd.DataFrame, split: int | None) -> list[Event]:
     return [
-        {"ph": "C", "pid": pid, "name": f"KV blocks used (replica {int(r)})", "ts": float(t) * _US,
-         "args": {"blocks": int(kv)}}
+        {"ph": "C", "pid": pid, "tid": int(r), "name": f"KV blocks used ({_replica_name(int(r), split)})",
+         "ts": float(t) * _US, "args": {"blocks": int(kv)}}
         for r, t, kv in zip(passes["replica"], passes["start_s"], passes["kv_blocks_used"], strict=True)
     ]  # fmt: skip
 
@@ -122,7 +142,7 @@ def _queue_counter(pid: int, requests: pd.DataFrame, timeout_s: float | None, ca
     times, depth = times[order], np.cumsum(steps[order])
     keep = slice(None, None, _every(len(times), cap))
     return [
-        {"ph": "C", "pid": pid, "name": "queue length", "ts": float(t) * _US, "args": {"requests": int(d)}}
+        {"ph": "C", "pid": pid, "tid": 0, "name": "queue length", "ts": float(t) * _US, "args": {"requests": int(d)}}
         for t, d in zip(times[keep], depth[keep], strict=True)
     ]
 
@@ -139,25 +159,53 @@ def _give_up_s(requests: pd.DataFrame, timeout_s: float | None) -> np.ndarray:
 def _request_slices(pid: int, requests: pd.DataFrame, timeout_s: float | None) -> list[Event]:
     events: list[Event] = []
     columns = ("request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "completion_s")
-    for rid, status, arrival, scheduled, first, done in zip(*(requests[c] for c in columns), strict=True):
+    rows = zip(*(requests[c] for c in columns), *_handoff_columns(requests), strict=True)
+    for rid, status, arrival, scheduled, first, done, transfer, wait in rows:
         base = {"pid": pid, "cat": "request", "id": int(rid)}
         if status == "rejected":
             events.append({**base, "ph": "n", "name": "rejected", "ts": float(arrival) * _US})
             continue
         end = done if status == "completed" else arrival + (timeout_s or 0.0)
-        phases = _phases(float(arrival), float(scheduled), float(first), float(end))
+        marks = _marks(float(arrival), float(scheduled), float(first), float(transfer), float(wait))
         events.append({**base, "ph": "b", "name": f"request {int(rid)}", "ts": arrival * _US,
                        "args": {"status": str(status)}})  # fmt: skip
-        for name, start, stop in phases:
+        for name, start, stop in _phases(marks, float(end)):
             events.append({**base, "ph": "b", "name": name, "ts": start * _US})
             events.append({**base, "ph": "e", "name": name, "ts": stop * _US})
         events.append({**base, "ph": "e", "name": f"request {int(rid)}", "ts": end * _US})
     return events
 
 
-def _phases(arrival: float, scheduled: float, first: float, end: float) -> list[tuple[str, float, float]]:
-    """(name, start, stop) of queued / prefill / decode, each clipped to the request's end."""
-    marks = [("queued", arrival), ("prefill", scheduled), ("decode", first)]
-    known = [(name, t) for name, t in marks if not math.isnan(t) and t <= end]
+def _handoff_columns(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``kv_transfer_s`` and ``kv_wait_s`` of a disaggregated run; NaN (no hand-off) otherwise."""
+    if "kv_transfer_s" not in requests.columns:
+        missing = np.full(len(requests), np.nan)
+        return missing, missing
+    return requests["kv_transfer_s"].to_numpy(float), requests["kv_wait_s"].to_numpy(float)
+
+
+def _marks(arrival: float, scheduled: float, first: float, transfer: float, wait: float) -> list[tuple[str, float]]:
+    """Where each phase of a request begins (NaN: never).
+
+    Decode begins at the first token, or once the KV has joined the decode batch
+    (``first + kv_wait_s``) after a hand-off; a request abandoned during its transfer
+    never decodes.
+    """
+    handed_off = not math.isnan(transfer)
+    decode = first if not handed_off else first + wait  # NaN wait: it never joined
+    return [
+        ("queued", arrival), ("prefill", scheduled), ("KV transfer", first if handed_off else math.nan),
+        ("awaiting decode", first + transfer), ("decode", decode),
+    ]  # fmt: skip
+
+
+def _phases(marks: list[tuple[str, float]], end: float) -> list[tuple[str, float, float]]:
+    """(name, start, stop) of each phase that happened, each ending where the next begins
+    and clipped to the request's end. A mark before the previous one (the last ulp of
+    first + kv_wait_s against first + kv_transfer_s) is moved up to it, so phases never overlap."""
+    known: list[tuple[str, float]] = []
+    for name, t in marks:
+        if not math.isnan(t) and t <= end:
+            known.append((name, max(t, known[-1][1]) if known else t))
     bounds = [t for _, t in known[1:]] + [end]
     return [(name, start, stop) for (name, start), stop in zip(known, bounds, strict=True) if stop > start]
