@@ -28,7 +28,7 @@ from sim.hardware.catalog import get_gpu, get_model  # noqa: E402
 from sim.hardware.cost_model import load_cost_model  # noqa: E402
 from sim.hardware.memory import kv_budget, kv_bytes_per_token  # noqa: E402
 from sim.serving.disagg import DisaggEngine, PoolSpec  # noqa: E402
-from sim.serving.engine import simulate  # noqa: E402
+from sim.serving.engine import EngineSetup, ReplicaSetup, simulate  # noqa: E402
 from sim.serving.kv_link import TransferModel  # noqa: E402
 from sim.workload.stream import RequestStream  # noqa: E402
 
@@ -56,11 +56,11 @@ def main() -> None:
     policy = PagedPolicyConfig(name="v0", kind="paged", max_batch_size=256, max_num_batched_tokens=8192)
     stream = _stream(args.requests, args.rate)
     started = time.perf_counter()
-    colocated = simulate(stream, policy, cost, kv_blocks=kv.num_blocks, block_size=16, replicas=4,
-                         router="least_outstanding")  # fmt: skip
+    replica = ReplicaSetup(cost, kv.num_blocks, 16)
+    colocated = simulate(stream, policy, EngineSetup(replica, replicas=4, router="least_outstanding"))
     colocated_s = time.perf_counter() - started
     transfer = TransferModel(kv_bytes_per_token(model, 1), 25e9, 10e-6, model.num_layers, layerwise=True)
-    pool = PoolSpec(policy, cost, kv.num_blocks, 2)
+    pool = PoolSpec(policy, replica, 2)
     started = time.perf_counter()
     engine = DisaggEngine(stream, pool, pool, transfer, block_size=16, router="least_outstanding")
     disagg = engine.run()

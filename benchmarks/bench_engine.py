@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.config import ContinuousPolicyConfig  # noqa: E402
-from sim.serving.engine import simulate  # noqa: E402
+from sim.serving.engine import EngineSetup, ReplicaSetup, simulate  # noqa: E402
 from sim.workload.stream import RequestStream  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "splitwise_conv.csv"
@@ -110,14 +110,14 @@ def main() -> None:
 
     cost, kv_blocks, cost_label = cost_model_and_kv()
     policy = ContinuousPolicyConfig(name="continuous", max_batch_size=args.max_batch_size)
-    run = dict(kv_blocks=kv_blocks, block_size=16)
+    run = EngineSetup(ReplicaSetup(cost, kv_blocks, 16))
     print(
         f"cost model: {cost_label}; KV {kv_blocks} blocks of 16; "
         f"continuous max_batch_size {args.max_batch_size}"
     )
 
     started = time.perf_counter()
-    probe = simulate(make_stream(args.probe, None, args.seed), policy, cost, **run)
+    probe = simulate(make_stream(args.probe, None, args.seed), policy, run)
     capacity_rps = args.probe / probe.requests["completion_s"].max()
     rate = args.load * capacity_rps
     print(
@@ -132,7 +132,7 @@ def main() -> None:
     started = time.perf_counter()
     if profiler:
         profiler.enable()
-    out = simulate(stream, policy, cost, **run)
+    out = simulate(stream, policy, run)
     if profiler:
         profiler.disable()
     wall_s = time.perf_counter() - started

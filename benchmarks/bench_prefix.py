@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import cost_model_and_kv, make_stream  # noqa: E402
 
 from sim.config import PagedPolicyConfig  # noqa: E402
-from sim.serving.engine import simulate  # noqa: E402
+from sim.serving.engine import EngineSetup, ReplicaSetup, simulate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,13 +42,13 @@ def main(requests: int = 100_000, load: float = 0.8, repeats: int = 3) -> None:
     """Print the on/off ratio of median wall times on Splitwise (``repeats`` runs each) and the Mooncake wall time."""
     cost, kv_blocks, label = cost_model_and_kv()
     policy = PagedPolicyConfig(name="paged")
-    probe = simulate(make_stream(5_000, None, 0), policy, cost, kv_blocks=kv_blocks, block_size=16)
+    probe = simulate(make_stream(5_000, None, 0), policy, EngineSetup(ReplicaSetup(cost, kv_blocks, 16)))
     rate = load * 5_000 / probe.requests["completion_s"].max()
     stream = make_stream(requests, rate, 0)
     walls: dict[bool, list[float]] = {False: [], True: []}
     for caching in (False, True) * repeats:  # interleaved: the machine is shared
-        walls[caching].append(_wall_s(partial(simulate, stream, policy, cost, kv_blocks=kv_blocks, block_size=16,
-                                              prefix_caching=caching)))  # fmt: skip
+        replica = ReplicaSetup(cost, kv_blocks, 16, prefix_caching=caching)
+        walls[caching].append(_wall_s(partial(simulate, stream, policy, EngineSetup(replica))))
     off, on = (statistics.median(walls[caching]) for caching in (False, True))
     print(f"{label}; splitwise {requests:,} requests at {rate:.2f} req/s, paged, median of {repeats}: "
           f"caching off {off:.1f} s, on {on:.1f} s, on/off {on / off:.3f}")  # fmt: skip

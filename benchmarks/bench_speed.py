@@ -40,7 +40,7 @@ from sim.config import (  # noqa: E402
     PagedPolicyConfig,
     StaticPolicyConfig,
 )
-from sim.serving.engine import Engine  # noqa: E402
+from sim.serving.engine import Engine, EngineSetup, ReplicaSetup  # noqa: E402
 
 POLICIES = {
     "continuous": ContinuousPolicyConfig(name="continuous", max_batch_size=256),
@@ -69,7 +69,7 @@ def timed_run(stream, policy, cost, kv_blocks: int, merge: bool, repeat: int = 1
     best: dict = {}
     for _ in range(repeat):
         started = time.perf_counter()
-        engine = Engine(stream, policy, cost, kv_blocks=kv_blocks, block_size=16, merge_decode_steps=merge)
+        engine = Engine(stream, policy, EngineSetup(ReplicaSetup(cost, kv_blocks, 16, merge_decode_steps=merge)))
         out = engine.run()
         wall_s = time.perf_counter() - started
         if not best or wall_s < best["wall_s"]:
@@ -101,7 +101,9 @@ def main() -> None:
     args = parser.parse_args()
 
     cost, kv_blocks, label = cost_model_and_kv()
-    probe = Engine(make_stream(args.probe, None, 0), POLICIES["continuous"], cost, kv_blocks=kv_blocks, block_size=16)
+    probe = Engine(
+        make_stream(args.probe, None, 0), POLICIES["continuous"], EngineSetup(ReplicaSetup(cost, kv_blocks, 16)),
+    )
     rate = args.load * args.probe / probe.run().requests["completion_s"].max()
     stream = make_stream(args.requests, rate, 0)
     load = f"{args.load:.0%} of continuous capacity ({rate:.2f} req/s)"

@@ -11,7 +11,7 @@ busy fractions and transfer-time percentiles filled in. :mod:`sim.runner` calls 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,14 +19,14 @@ from sim.config import DisaggregationConfig, PoolConfig
 from sim.errors import UserError
 from sim.hardware.catalog import get_gpu
 from sim.hardware.cost_model import load_cost_model
+from sim.hardware.draft import draft_cost_models
 from sim.hardware.memory import KVBudget, kv_budget, kv_bytes_per_token
 from sim.metrics.summary import percentile, summarize_run
+from sim.resolve import ResolvedScenario, prefix_caching_on
 from sim.serving.disagg import DisaggEngine, PoolSpec
 from sim.serving.engine import ProgressCallback, SimOutput
 from sim.serving.kv_link import TransferModel
-
-if TYPE_CHECKING:
-    from sim.resolve import ResolvedScenario
+from sim.serving.setup import ReplicaSetup
 
 
 @dataclass(frozen=True)
@@ -46,25 +46,31 @@ class ResolvedPool:
 
 
 def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> ResolvedPool:
-    """Size one pool: its KV budget and cost model; UserError naming the pool when it does not fit."""
+    """Size one pool: its KV budget, cost models and features; UserError naming the pool when it does not fit."""
     scenario, gpu = resolved.scenario, config.gpu or resolved.scenario.gpu
     policy, memory = config.policy, scenario.memory
     utilization = getattr(policy, "gpu_memory_utilization", None) or memory.gpu_memory_utilization
     engine_cpu = getattr(policy, "engine_cpu", None)
+    cpu_overhead = scenario.cost.cpu_overhead and engine_cpu is None
     try:
         kv = kv_budget(
             resolved.model, get_gpu(gpu), config.tensor_parallel, gpu_memory_utilization=utilization,
             block_size=memory.block_size, activation_reserve_gb=memory.activation_reserve_gb,
             kv_blocks=memory.kv_blocks,
         )  # fmt: skip
-        cost = load_cost_model(
-            scenario.model, gpu, config.tensor_parallel,
-            cpu_overhead=scenario.cost.cpu_overhead and engine_cpu is None,
-        )  # fmt: skip
+        cost = load_cost_model(scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead)
+        drafts = draft_cost_models(
+            [policy], resolved.model, gpu, config.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
+        )
     except UserError as exc:
         where = f"{field}.{exc.field}" if exc.field else field
+        where = where.replace(f"{field}.policies[0]", f"{field}.policy")
         raise UserError(f"{where}: {str(exc).removeprefix(f'{exc.field}: ')}", field=where) from None
-    return ResolvedPool(field, config, gpu, kv, PoolSpec(policy, cost, kv.num_blocks, config.replicas))
+    replica = ReplicaSetup(
+        cost_model=cost, kv_blocks=kv.num_blocks, block_size=kv.block_size, engine_cpu=engine_cpu,
+        prefix_caching=prefix_caching_on(scenario, policy), draft_cost_model=drafts.get(policy.name),
+    )  # fmt: skip
+    return ResolvedPool(field, config, gpu, kv, PoolSpec(policy, replica, config.replicas))
 
 
 def transfer_model(resolved: ResolvedScenario, config: DisaggregationConfig) -> TransferModel:
@@ -171,7 +177,7 @@ def facts(resolved: ResolvedScenario, config: DisaggregationConfig) -> dict[str,
     return {
         "num_gpus": num_gpus(config),
         **{f"{n}_kv_blocks_per_replica": p.kv.num_blocks for n, p in pools.items()},
-        **{f"{n}_cost_model": p.spec.cost_model.label for n, p in pools.items()},  # type: ignore[attr-defined]
+        **{f"{n}_cost_model": p.spec.replica.cost_model.label for n, p in pools.items()},  # type: ignore[attr-defined]
         "kv_bytes_per_token_per_gpu_pair": model.bytes_per_token,
         "link_gb_per_s": model.bytes_per_s / 1e9,
         "link_latency_us": model.latency_s * 1e6,

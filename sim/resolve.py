@@ -21,6 +21,7 @@ from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.draft import draft_cost_models
 from sim.hardware.memory import KVBudget, kv_budget
 from sim.hardware.utilization import PassWork
+from sim.serving.setup import EngineSetup, ReplicaSetup
 from sim.workload.source import build_request_stream
 from sim.workload.stream import RequestStream
 
@@ -50,26 +51,37 @@ class ResolvedScenario:
             return self.kv
         return _kv_budget(self.scenario, self.model, self.gpu, utilization)
 
-    def engine_kwargs(self, policy: Any) -> dict[str, Any]:
-        """Everything :func:`sim.serving.engine.simulate` needs beyond the stream and the policy."""
+    def replica_setup(self, policy: Any) -> ReplicaSetup:
+        """How a replica of ``policy`` is priced and sized and which features it runs."""
         scenario, kv, engine_cpu = self.scenario, self.kv_for(policy), getattr(policy, "engine_cpu", None)
-        return {
-            "cost_model": self.gpu_cost_model if engine_cpu is not None else self.cost_model,
-            "kv_blocks": kv.num_blocks,
-            "block_size": kv.block_size,
-            "replicas": scenario.replicas,
-            "router": scenario.router,
-            "client": scenario.client,
-            "admission": scenario.admission,
-            "seed": scenario.seed,
-            "refuse": self.over_length,
-            "engine_cpu": engine_cpu,
-            "frontend": scenario.frontend,
-            "draft_cost_model": self.draft_cost_models.get(policy.name),
-            "merge_decode_steps": scenario.engine.merge_decode_steps,
-            "prefix_caching": prefix_caching_on(scenario, policy),
-            "router_load_cap": scenario.router_load_cap,
-        }
+        cost_model = self.cost_model
+        if engine_cpu is not None:  # its own CPU model: the GPU time alone (resolve loads it for such policies)
+            assert self.gpu_cost_model is not None, "a policy with engine_cpu needs the GPU-only cost model"
+            cost_model = self.gpu_cost_model
+        return ReplicaSetup(
+            cost_model=cost_model,
+            kv_blocks=kv.num_blocks,
+            block_size=kv.block_size,
+            engine_cpu=engine_cpu,
+            prefix_caching=prefix_caching_on(scenario, policy),
+            draft_cost_model=self.draft_cost_models.get(policy.name),
+            merge_decode_steps=scenario.engine.merge_decode_steps,
+        )
+
+    def engine_setup(self, policy: Any) -> EngineSetup:
+        """Everything :func:`sim.serving.engine.simulate` needs beyond the stream and the policy."""
+        scenario = self.scenario
+        return EngineSetup(
+            replica=self.replica_setup(policy),
+            replicas=scenario.replicas,
+            router=scenario.router,
+            router_load_cap=scenario.router_load_cap,
+            client=scenario.client,
+            admission=scenario.admission,
+            frontend=scenario.frontend,
+            refuse=self.over_length,
+            seed=scenario.seed,
+        )
 
     @property
     def pass_work(self) -> PassWork:

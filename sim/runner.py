@@ -166,7 +166,7 @@ def _simulate_policy(
             from sim.disaggregation import simulate_disaggregated
 
             return simulate_disaggregated(resolved, policy, callback)
-        return simulate(resolved.stream, policy, progress=callback, **resolved.engine_kwargs(policy))
+        return simulate(resolved.stream, policy, resolved.engine_setup(policy), progress=callback)
     finally:
         close = getattr(callback, "close", None)
         if close:

@@ -3,10 +3,12 @@ nested comparison of calibration files with their refits."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
+from sim.serving.setup import EngineSetup, ReplicaSetup
 from sim.workload.stream import ClosedLoop, RequestStream
 
 
@@ -126,3 +128,12 @@ def assert_same_records(off: object, on: object) -> None:
 
     for table in ("requests", "iterations", "itl"):
         pd.testing.assert_frame_equal(getattr(off, table), getattr(on, table), check_exact=True)
+
+
+def setup(cost_model: object, **fields: object) -> EngineSetup:
+    """An :class:`EngineSetup` from flat keywords: replica fields (kv_blocks, block_size, engine_cpu,
+    prefix_caching, draft_cost_model, merge_decode_steps) go to its ``replica``, the rest to it."""
+    replica_names = {f.name for f in dataclasses.fields(ReplicaSetup)}
+    replica = {k: v for k, v in fields.items() if k in replica_names}
+    rest = {k: v for k, v in fields.items() if k not in replica_names}
+    return EngineSetup(ReplicaSetup(cost_model, **replica), **rest)  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import ChunkedPrefillPolicyConfig
 from sim.serving.engine import Engine, simulate
@@ -19,7 +19,7 @@ def _policy(allocate: str, chunk: int = 32) -> ChunkedPrefillPolicyConfig:
 def test_blocks_held_after_the_first_chunk(allocate: str, blocks_after_first_pass: int) -> None:
     # One 100-token prompt, chunks of 32, blocks of 16: per chunk it holds ceil(32/16) = 2 blocks
     # after the first pass; under whole-prompt allocation ceil(100/16) = 7 from admission on.
-    engine = Engine(make_stream([0.0], 100, 3), _policy(allocate), LinearCost(0.01), kv_blocks=50, block_size=16)
+    engine = Engine(make_stream([0.0], 100, 3), _policy(allocate), setup(LinearCost(0.01), kv_blocks=50, block_size=16))
     out = engine.run()
     first = out.iterations.iloc[0]
     assert first["prefill_tokens"] == 32
@@ -32,7 +32,9 @@ def test_whole_prompt_allocation_preempts_far_less_on_long_prompts() -> None:
     stream = make_stream(np.sort(rng.uniform(0, 20, n)), rng.integers(1000, 4000, n), rng.integers(50, 400, n))
     preempted = {}
     for allocate in ("chunk", "prompt"):
-        req = simulate(stream, _policy(allocate, 512), LinearCost(0.01, 2e-5), kv_blocks=825, block_size=16).requests
+        req = simulate(
+            stream, _policy(allocate, 512), setup(LinearCost(0.01, 2e-5), kv_blocks=825, block_size=16)
+        ).requests
         assert (req["status"] == "completed").all()
         preempted[allocate] = int(req["preemptions"].sum())
     # Per-chunk allocation admits prompts it cannot finish and recomputes them (vLLM v1's

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import AdmissionConfig, ClientConfig, ContinuousPolicyConfig, Workload
 from sim.report import client_advice as ca
@@ -112,8 +112,13 @@ def test_resends_of_a_rejected_request_follow_the_backoff_rule(backoff: str) -> 
     ends = []
     for retries in range(5):
         client = ClientConfig(timeout_s=100.0, max_retries=retries, backoff_s=0.5, backoff=backoff)
-        req = simulate(stream, policy, LinearCost(0.01), kv_blocks=500, block_size=16, client=client,
-                       admission=AdmissionConfig(max_queue=1)).requests  # fmt: skip
+        req = simulate(
+            stream, policy,
+            setup(
+                LinearCost(0.01), kv_blocks=500, block_size=16, client=client,
+                admission=AdmissionConfig(max_queue=1),
+            ),
+        ).requests
         assert req["status"][2] == "rejected" and req["retries"][2] == retries
         ends.append(req["completion_s"][2])
     assert ends[0] == pytest.approx(0.1)

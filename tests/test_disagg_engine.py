@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sim.config import ChunkedPrefillPolicyConfig, ContinuousPolicyConfig, PagedPolicyConfig
 from sim.serving.disagg import DisaggEngine, PoolSpec
 from sim.serving.kv_link import Link, TransferModel
+from sim.serving.setup import ReplicaSetup
 
 BLOCK = 16
 PREFILL = ChunkedPrefillPolicyConfig(name="p", kind="chunked_prefill", max_batch_size=64, chunk_size=2048)
@@ -21,7 +22,8 @@ def _engine(stream, *, p=1, d=1, cost=None, transfer=None, kv_p=4000, kv_d=4000,
     cost = cost or LinearCost(base_s=0.01, per_token_s=1e-5, per_kv_token_s=1e-7)
     transfer = transfer or TransferModel(131072, 25e9, 10e-6, 32)
     return DisaggEngine(
-        stream, PoolSpec(PREFILL, cost, kv_p, p), PoolSpec(decode, cost, kv_d, d), transfer,
+        stream, PoolSpec(PREFILL, ReplicaSetup(cost, kv_p, BLOCK), p),
+        PoolSpec(decode, ReplicaSetup(cost, kv_d, BLOCK), d), transfer,
         block_size=BLOCK, audit_every=1, **kw,
     )  # fmt: skip
 
@@ -137,8 +139,8 @@ def test_conservation_under_pressure(seed: int, kv_d: int, rate: float, decode_k
     engine = _engine(stream, p=2, d=2, kv_p=150, kv_d=kv_d, decode=decode)
     out = engine.run()  # audits every pass: KV within budget, blocks matching requests (transfers aside)
     _conservation(out, stream, 2)
-    for state in engine.prefill_states + engine.decode_states:
-        assert not state.sending and not state.receiving and state.blocks.used_blocks == 0
+    for state, role in zip(engine.prefill_states + engine.decode_states, engine.roles, strict=True):
+        assert not role.sending and not role.receiving and state.blocks.used_blocks == 0
 
 
 def test_kv_lives_in_one_pool_outside_a_transfer() -> None:
@@ -149,17 +151,20 @@ def test_kv_lives_in_one_pool_outside_a_transfer() -> None:
     stream = make_stream(np.sort(rng.uniform(0, 5, n)), rng.integers(50, 1500, n), rng.integers(2, 100, n))
     engine = _engine(stream, p=2, d=2, kv_d=300)
     violations: list[int] = []
-    original = engine.decode_states[0].on_boundary
+    p = len(engine.prefill_states)
+    original = engine.roles[p].on_boundary
 
     def watch(now_s: float) -> None:
         assert original is not None
         original(now_s)
-        in_prefill = set().union(*(s.sending.keys() | s.running.keys() for s in engine.prefill_states))
-        in_decode = set().union(*(s.receiving.keys() | s.running.keys() for s in engine.decode_states))
-        sending = set().union(*(s.sending.keys() for s in engine.prefill_states))
-        receiving = set().union(*(s.receiving.keys() for s in engine.decode_states))
+        prefill = list(zip(engine.prefill_states, engine.roles[:p], strict=True))
+        decode = list(zip(engine.decode_states, engine.roles[p:], strict=True))
+        in_prefill = set().union(*(r.sending.keys() | s.running.keys() for s, r in prefill))
+        in_decode = set().union(*(r.receiving.keys() | s.running.keys() for s, r in decode))
+        sending = set().union(*(r.sending.keys() for _, r in prefill))
+        receiving = set().union(*(r.receiving.keys() for _, r in decode))
         violations.extend((in_prefill & in_decode) - (sending & receiving))
 
-    engine.decode_states[0].on_boundary = watch
+    engine.roles[p].on_boundary = watch
     engine.run()
     assert violations == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, llama7b_like, make_stream
+from fakes import LinearCost, llama7b_like, make_stream, setup
 
 from sim.config import (
     ChunkedPrefillPolicyConfig,
@@ -31,15 +31,9 @@ def test_identical_burst_gives_static_and_continuous_the_same_makespan():
     n = 24
     stream = make_stream(np.zeros(n), 64, 40)
     cost = LinearCost(base_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-6)
-    static = simulate(
-        stream, StaticPolicyConfig(name="s", max_batch_size=n), cost, kv_blocks=400, block_size=16
-    )
+    static = simulate(stream, StaticPolicyConfig(name="s", max_batch_size=n), setup(cost, kv_blocks=400, block_size=16))
     cont = simulate(
-        stream,
-        ContinuousPolicyConfig(name="c", max_batch_size=n),
-        cost,
-        kv_blocks=400,
-        block_size=16,
+        stream, ContinuousPolicyConfig(name="c", max_batch_size=n), setup(cost, kv_blocks=400, block_size=16),
     )
     one_iteration_s = cont.iterations["duration_s"].max()
     assert abs(_makespan_s(static) - _makespan_s(cont)) <= one_iteration_s
@@ -55,14 +49,9 @@ def test_spread_outputs_favour_continuous_over_static(pad: bool):
     stream = make_stream(np.zeros(n), rng.integers(50, 300, n), rng.integers(10, 1001, n))
     kw = dict(kv_blocks=4000, block_size=16)
     static = simulate(
-        stream,
-        StaticPolicyConfig(name="s", max_batch_size=batch, pad_finished=pad),
-        llama7b_like(),
-        **kw,
+        stream, StaticPolicyConfig(name="s", max_batch_size=batch, pad_finished=pad), setup(llama7b_like(), **kw),
     )
-    cont = simulate(
-        stream, ContinuousPolicyConfig(name="c", max_batch_size=batch), llama7b_like(), **kw
-    )
+    cont = simulate(stream, ContinuousPolicyConfig(name="c", max_batch_size=batch), setup(llama7b_like(), **kw))
     assert n / _makespan_s(cont) > n / _makespan_s(static)
     assert cont.requests["e2e_s"].mean() < static.requests["e2e_s"].mean()
 
@@ -73,11 +62,8 @@ def test_static_padding_costs_compute_that_unpadded_static_saves():
     cost = LinearCost(base_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-6)
     busy = {
         pad: simulate(
-            stream,
-            StaticPolicyConfig(name="s", max_batch_size=16, pad_finished=pad),
-            cost,
-            kv_blocks=1000,
-            block_size=16,
+            stream, StaticPolicyConfig(name="s", max_batch_size=16, pad_finished=pad),
+            setup(cost, kv_blocks=1000, block_size=16),
         )
         .iterations["duration_s"]
         .sum()
@@ -89,7 +75,7 @@ def test_static_padding_costs_compute_that_unpadded_static_saves():
 def test_static_waits_up_to_max_wait_for_a_fuller_batch():
     stream = make_stream([0.0, 0.1, 0.2, 0.3, 5.0], 10, 2)
     policy = StaticPolicyConfig(name="s", max_batch_size=4, max_wait_s=1.0)
-    req = simulate(stream, policy, LinearCost(0.01), kv_blocks=100, block_size=16).requests
+    req = simulate(stream, policy, setup(LinearCost(0.01), kv_blocks=100, block_size=16)).requests
     assert np.allclose(req["first_scheduled_s"][:4], 0.3)  # the 4th arrival fills the batch
     assert req["first_scheduled_s"][4] == pytest.approx(6.0)  # alone: waits max_wait_s
 
@@ -105,9 +91,7 @@ def test_tight_kv_preempts_and_still_completes_everything(policy):
     n = 48
     stream = make_stream(np.zeros(n), 100, 300)
     kv_blocks = 60  # one request alone needs ceil(399 / 16) = 25 blocks at its last step
-    engine = Engine(
-        stream, policy, llama7b_like(), kv_blocks=kv_blocks, block_size=16, audit_every=1
-    )
+    engine = Engine(stream, policy, setup(llama7b_like(), kv_blocks=kv_blocks, block_size=16), audit_every=1)
     out = engine.run()
     assert out.requests["preemptions"].sum() > 0
     assert (out.requests["status"] == "completed").all()
@@ -124,10 +108,8 @@ def test_paged_memory_without_reservation_batches_more_than_continuous():
         np.zeros(n), rng.integers(100, 600, n), rng.integers(20, 200, n), max_output_tokens=1000
     )
     kw = dict(kv_blocks=600, block_size=16)
-    cont = simulate(
-        stream, ContinuousPolicyConfig(name="c", max_batch_size=256), llama7b_like(), **kw
-    )
-    paged = simulate(stream, PagedPolicyConfig(name="p", max_batch_size=256), llama7b_like(), **kw)
+    cont = simulate(stream, ContinuousPolicyConfig(name="c", max_batch_size=256), setup(llama7b_like(), **kw))
+    paged = simulate(stream, PagedPolicyConfig(name="p", max_batch_size=256), setup(llama7b_like(), **kw))
     assert paged.iterations["batch_size"].mean() > cont.iterations["batch_size"].mean()
     assert _makespan_s(paged) < _makespan_s(cont)
 
@@ -156,7 +138,7 @@ def test_calibrated_cost_model_respects_prefill_floor(policy):
     n = 300
     prompt, output = rng.integers(20, 2000, n), rng.integers(5, 400, n)
     stream = make_stream(np.sort(rng.uniform(0, 30, n)), prompt, output, max_output_tokens=512)
-    req = simulate(stream, policy, cost, kv_blocks=7335, block_size=16).requests
+    req = simulate(stream, policy, setup(cost, kv_blocks=7335, block_size=16)).requests
     assert (req["status"] == "completed").all()
     floor_s = np.array([cost.time_from_totals_s(int(p), 1, p * p / 2, 0, 0) for p in prompt])
     assert np.all(req["ttft_s"] >= floor_s - 1e-12)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import ContinuousPolicyConfig, EngineCPUConfig, PagedPolicyConfig, StaticPolicyConfig
 from sim.serving.cpu_time import EngineCPUTime
@@ -51,7 +51,7 @@ def test_model_converts_units_and_adds_the_terms():
 def test_every_pass_costs_gpu_plus_pass_plus_step_time(policy):
     cost = LinearCost(base_s=0.01, per_token_s=1e-4)
     stream = make_stream([0.0, 0.0, 0.05, 0.2], [30, 40, 20, 60], [9, 5, 12, 3])
-    out = simulate(stream, policy, cost, kv_blocks=100, block_size=16, engine_cpu=CPU)
+    out = simulate(stream, policy, setup(cost, kv_blocks=100, block_size=16, engine_cpu=CPU))
     it = out.iterations
     seqs = it["batch_size"].to_numpy()
     want = _gpu_s(cost, it) + _pass_s(seqs) + _step_s(seqs)
@@ -62,7 +62,7 @@ def test_overlapped_step_time_is_hidden_up_to_the_gpu_time():
     cost = LinearCost(base_s=0.003, per_token_s=1e-5)
     stream = make_stream(np.zeros(12), 100, 6)
     cpu = CPU.model_copy(update={"overlap_step": True})
-    out = simulate(stream, PagedPolicyConfig(name="p"), cost, kv_blocks=200, block_size=16, engine_cpu=cpu)
+    out = simulate(stream, PagedPolicyConfig(name="p"), setup(cost, kv_blocks=200, block_size=16, engine_cpu=cpu))
     it = out.iterations
     gpu, seqs = _gpu_s(cost, it), it["batch_size"].to_numpy()
     step = _step_s(seqs)  # 12 seqs: 3.2 ms, more than a 3.1 ms decode pass, less than the prefill
@@ -78,7 +78,7 @@ def test_with_multi_step_the_step_term_is_paid_once_per_block(steps):
     n, output = 3, 11  # 10 decode steps
     stream = make_stream(np.zeros(n), 16, output)
     policy = PagedPolicyConfig(name="p", num_scheduler_steps=steps)
-    engine = Engine(stream, policy, cost, kv_blocks=100, block_size=16, engine_cpu=CPU)
+    engine = Engine(stream, policy, setup(cost, kv_blocks=100, block_size=16, engine_cpu=CPU))
     it = engine.run().iterations
     seqs = it["batch_size"].to_numpy()
     extra = it["duration_s"].to_numpy() - _gpu_s(cost, it) - _pass_s(seqs)
@@ -96,7 +96,7 @@ def test_an_all_zero_model_is_the_gpu_time_bit_for_bit():
     stream = make_stream(np.linspace(0, 1, 30), 64, 40)
     kw = dict(kv_blocks=60, block_size=16)
     policy = PagedPolicyConfig(name="p", max_batch_size=8)
-    plain = simulate(stream, policy, cost, **kw)
-    zero = simulate(stream, policy, cost, engine_cpu=EngineCPUConfig(), **kw)
+    plain = simulate(stream, policy, setup(cost, **kw))
+    zero = simulate(stream, policy, setup(cost, engine_cpu=EngineCPUConfig(), **kw))
     assert plain.iterations.equals(zero.iterations) and plain.requests.equals(zero.requests)
     assert plain.itl.equals(zero.itl)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -110,9 +110,7 @@ def _engine_cpu(draw) -> EngineCPUConfig:
 @given(runs())
 def test_every_request_ends_once_and_the_books_balance(case):
     stream, policy, kwargs = case
-    engine = Engine(
-        stream, policy, COST, audit_every=1, **kwargs
-    )  # replica invariants after every pass
+    engine = Engine(stream, policy, setup(COST, **kwargs), audit_every=1)  # replica invariants after every pass
     out = engine.run()
     req, it = out.requests, out.iterations
     _check_endings(engine, stream, req, kwargs)

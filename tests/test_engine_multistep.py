@@ -11,7 +11,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from fakes import LinearCost, decode_group_ops, make_stream
+from fakes import LinearCost, decode_group_ops, make_stream, setup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +30,7 @@ def paged(steps: int, **kw) -> PagedPolicyConfig:
 def test_scheduler_is_asked_once_per_block(steps, output):
     n = 5
     stream = make_stream(np.zeros(n), 20, output)
-    engine = Engine(stream, paged(steps), LinearCost(0.01), kv_blocks=100, block_size=16)
+    engine = Engine(stream, paged(steps), setup(LinearCost(0.01), kv_blocks=100, block_size=16))
     out = engine.run()
     decode_steps = output - 1  # the first token comes from the prefill pass
     blocks = -(-decode_steps // steps)
@@ -44,7 +44,7 @@ def test_a_request_finishing_mid_block_frees_its_slot_and_kv_only_at_the_block_e
     # Two slots. A (3 tokens) gets its last one at decode step 2 of a 4-step block; C waits.
     cost = LinearCost(base_s=0.01)
     stream = make_stream([0.0, 0.0, 0.0], 8, [3, 9, 2])
-    engine = Engine(stream, paged(4, max_batch_size=2), cost, kv_blocks=20, block_size=4, audit_every=1)
+    engine = Engine(stream, paged(4, max_batch_size=2), setup(cost, kv_blocks=20, block_size=4), audit_every=1)
     out = engine.run()
     req, it = out.requests, out.iterations
     block_end = it["start_s"][4] + it["duration_s"][4]  # the prefill pass, then passes 1-4
@@ -75,7 +75,9 @@ def _digest(steps: int, cpu: EngineCPUConfig | None) -> str:
         dict(kv_blocks=40, block_size=16, replicas=2, router="least_outstanding",
              client=ClientConfig(timeout_s=2.0, max_retries=1, backoff_s=0.05)),
     ):  # fmt: skip
-        out = simulate(stream, paged(steps, max_batch_size=16, max_num_batched_tokens=256), cost, engine_cpu=cpu, **kw)
+        out = simulate(
+            stream, paged(steps, max_batch_size=16, max_num_batched_tokens=256), setup(cost, engine_cpu=cpu, **kw)
+        )
         for frame, columns in (
             (out.requests, ["first_scheduled_s", "first_token_s", "completion_s", "preemptions"]),
             (out.iterations, ["start_s", "duration_s", "batch_size", "decode_tokens", "kv_blocks_used"]),
@@ -90,7 +92,7 @@ def test_tpot_does_not_depend_on_k_and_each_event_carries_k_tokens(steps):
     n, output = 6, 13  # 12 decode steps: a multiple of every K here
     cost = LinearCost(base_s=0.01)
     stream = make_stream(np.zeros(n), 32, output)
-    out = simulate(stream, paged(steps), cost, kv_blocks=100, block_size=16)
+    out = simulate(stream, paged(steps), setup(cost, kv_blocks=100, block_size=16))
     assert out.requests["tpot_s"].to_numpy() == pytest.approx(0.01)
     assert np.allclose(out.itl["gap_s"], steps * 0.01, rtol=0, atol=1e-12)  # K decode passes per event
     assert int(out.itl["count"].sum()) == n * (output - 1) // steps
@@ -99,13 +101,15 @@ def test_tpot_does_not_depend_on_k_and_each_event_carries_k_tokens(steps):
 def test_tpot_is_unchanged_by_k_when_pass_times_vary():
     cost = LinearCost(base_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-5)
     stream = make_stream(np.zeros(4), [16, 40, 64, 100], 13)
-    tpot = {k: simulate(stream, paged(k), cost, kv_blocks=100, block_size=16).requests["tpot_s"] for k in (1, 3, 4)}
+    tpot = {
+        k: simulate(stream, paged(k), setup(cost, kv_blocks=100, block_size=16)).requests["tpot_s"] for k in (1, 3, 4)
+    }
     assert np.allclose(tpot[1], tpot[3], rtol=1e-12) and np.allclose(tpot[1], tpot[4], rtol=1e-12)
 
 
 def test_alone_with_k_one_every_gap_is_a_decode_step_and_tpot_is_their_mean():
     cost = LinearCost(base_s=0.01)
-    out = simulate(make_stream([0.0], 10, 21), paged(1), cost, kv_blocks=10, block_size=16)
+    out = simulate(make_stream([0.0], 10, 21), paged(1), setup(cost, kv_blocks=10, block_size=16))
     assert np.allclose(out.itl["gap_s"], 0.01, rtol=0, atol=1e-12) and out.itl["count"].sum() == 20
     stats = itl_stats(out.itl["gap_s"], out.itl["count"])
     assert out.requests["tpot_s"][0] == pytest.approx(stats["itl_mean_s"], rel=1e-12)
@@ -114,9 +118,9 @@ def test_alone_with_k_one_every_gap_is_a_decode_step_and_tpot_is_their_mean():
 def test_new_prefills_wait_for_the_block_boundary():
     cost = LinearCost(base_s=0.01)
     stream = make_stream([0.0, 0.025], 8, [17, 3])  # B arrives during A's first block
-    out = simulate(stream, paged(8), cost, kv_blocks=20, block_size=16)
+    out = simulate(stream, paged(8), setup(cost, kv_blocks=20, block_size=16))
     assert out.requests["first_scheduled_s"][1] == pytest.approx(0.01 + 8 * 0.01)
-    single = simulate(stream, paged(1), cost, kv_blocks=20, block_size=16)
+    single = simulate(stream, paged(1), setup(cost, kv_blocks=20, block_size=16))
     assert single.requests["first_scheduled_s"][1] == pytest.approx(0.03)
 
 
@@ -124,7 +128,7 @@ def test_a_timeout_inside_a_block_takes_effect_at_its_end():
     cost = LinearCost(base_s=0.01)
     stream = make_stream([0.0, 0.0], 8, [30, 3])
     client = ClientConfig(timeout_s=0.035)  # inside the first block, [0.01, 0.09]
-    out = simulate(stream, paged(8, max_batch_size=1), cost, kv_blocks=20, block_size=16, client=client)
+    out = simulate(stream, paged(8, max_batch_size=1), setup(cost, kv_blocks=20, block_size=16, client=client))
     req, it = out.requests, out.iterations
     assert req["status"].tolist() == ["timed_out", "timed_out"]
     assert req["completion_s"].to_numpy() == pytest.approx(0.035)
@@ -135,7 +139,7 @@ def test_a_timeout_inside_a_block_takes_effect_at_its_end():
 def test_a_request_finishing_in_the_block_needs_no_kv_beyond_its_last_token():
     # 2 output tokens: one decode step. Even with K = 5 the two requests fit 4 blocks.
     stream = make_stream([0.0, 0.0], 4, 2)
-    out = simulate(stream, paged(5), LinearCost(0.01), kv_blocks=4, block_size=4)
+    out = simulate(stream, paged(5), setup(LinearCost(0.01), kv_blocks=4, block_size=4))
     assert out.requests["preemptions"].tolist() == [0, 0]
 
 
@@ -182,11 +186,13 @@ def test_tight_kv_multi_step_runs_keep_the_books(n, steps, block_size, slack, ti
     engine = Engine(
         stream,
         paged(steps, max_batch_size=int(rng.integers(1, 9)), max_num_batched_tokens=int(rng.integers(1, 120))),
-        LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6),
-        kv_blocks=need + slack,
-        block_size=block_size,
-        client=ClientConfig(timeout_s=float(rng.uniform(0.05, 1.0))) if timeouts else None,
-        engine_cpu=EngineCPUConfig(step_ms=1.0, pass_ms=0.5, pass_us_per_seq=20.0) if cpu else None,
+        setup(
+            LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6),
+            kv_blocks=need + slack,
+            block_size=block_size,
+            client=ClientConfig(timeout_s=float(rng.uniform(0.05, 1.0))) if timeouts else None,
+            engine_cpu=EngineCPUConfig(step_ms=1.0, pass_ms=0.5, pass_us_per_seq=20.0) if cpu else None,
+        ),
         audit_every=1,
     )
     out = engine.run()

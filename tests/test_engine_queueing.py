@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream, poisson_arrivals
+from fakes import LinearCost, make_stream, poisson_arrivals, setup
 
 from sim.config import ContinuousPolicyConfig
 from sim.serving.engine import Engine
@@ -23,7 +23,7 @@ ONE_AT_A_TIME = ContinuousPolicyConfig(name="fcfs", max_batch_size=1)
 def _md1(rho: float, n: int, seed: int, service_s: float = 0.05, output_tokens: int = 1):
     cost = LinearCost(base_s=service_s / output_tokens)  # every pass takes the same time
     stream = make_stream(poisson_arrivals(rho / service_s, n, seed), 8, output_tokens)
-    engine = Engine(stream, ONE_AT_A_TIME, cost, kv_blocks=16, block_size=16)
+    engine = Engine(stream, ONE_AT_A_TIME, setup(cost, kv_blocks=16, block_size=16))
     return engine, engine.run().requests
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import ContinuousPolicyConfig, PagedPolicyConfig, StaticPolicyConfig
 from sim.errors import UserError
@@ -17,7 +17,8 @@ CONTINUOUS = ContinuousPolicyConfig(name="c", max_batch_size=4)
 
 def _run(stream, policy=CONTINUOUS, **kw) -> SimOutput:
     kw = {"kv_blocks": 100, "block_size": 16, **kw}
-    return simulate(stream, policy, LinearCost(0.01, 1e-4), **kw)
+    progress = kw.pop("progress", None)
+    return simulate(stream, policy, setup(LinearCost(0.01, 1e-4), **kw), progress=progress)
 
 
 def test_tables_have_exactly_the_pinned_columns():

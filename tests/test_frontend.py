@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import ClientConfig, ContinuousPolicyConfig, FrontendConfig
 from sim.serving.engine import simulate
@@ -23,7 +23,7 @@ def test_fifo_front_end_with_one_worker_admits_requests_exactly_one_cost_apart()
     prompts = np.array([10, 200, 30, 4000, 1, 57])
     stream = make_stream(np.zeros(len(prompts)), prompts, 5)
     fe = FrontendConfig(per_request_ms=3.0, per_prompt_token_us=0.5, workers=1, startup_ms=40, discipline="fifo")
-    req = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, **KV).requests
+    req = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, **KV)).requests
     cost_s = 3.0e-3 + 0.5e-6 * prompts
     assert np.allclose(_handoff_s(req), 0.040 + np.cumsum(cost_s), rtol=0, atol=1e-12)
 
@@ -34,7 +34,7 @@ def test_w_workers_admit_w_times_faster(workers: int) -> None:
     stream = make_stream(np.zeros(n), 100, 5)
     fe = FrontendConfig(per_request_ms=2.0, per_prompt_token_us=10.0, workers=workers, startup_ms=0,
                         discipline="fifo")
-    req = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, **KV).requests
+    req = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, **KV)).requests
     cost_s = 2.0e-3 + 10e-6 * 100
     expected = (np.arange(n) // workers + 1) * cost_s
     assert np.allclose(np.sort(_handoff_s(req)), expected, rtol=0, atol=1e-12)
@@ -46,7 +46,7 @@ def test_event_loop_parses_the_whole_burst_before_tokenizing_any() -> None:
     prompts = np.array([10, 20, 30, 40])
     stream = make_stream(np.zeros(4), prompts, 5)
     fe = FrontendConfig(per_request_ms=2.0, per_prompt_token_us=100.0, workers=1, startup_ms=0)
-    req = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, **KV).requests
+    req = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, **KV)).requests
     parse_all_s = 4 * 2.0e-3
     assert np.allclose(_handoff_s(req), parse_all_s + np.cumsum(100e-6 * prompts), rtol=0, atol=1e-12)
 
@@ -54,7 +54,7 @@ def test_event_loop_parses_the_whole_burst_before_tokenizing_any() -> None:
 def test_spaced_arrivals_see_no_queueing_and_pay_both_turns() -> None:
     stream = make_stream(np.arange(5) * 1.0, 50, 5)
     fe = FrontendConfig(per_request_ms=2.0, per_prompt_token_us=20.0, workers=1, startup_ms=100)
-    req = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, **KV).requests
+    req = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, **KV)).requests
     own_s = 2.0e-3 + 20e-6 * 50
     assert np.isclose(req["frontend_s"][0], 0.100 + own_s)  # the cold start is paid once
     assert np.allclose(req["frontend_s"][1:], own_s)
@@ -63,8 +63,8 @@ def test_spaced_arrivals_see_no_queueing_and_pay_both_turns() -> None:
 def test_latencies_count_from_the_clients_send() -> None:
     stream = make_stream(np.zeros(8), 64, 6)
     fe = FrontendConfig(per_request_ms=5.0, startup_ms=0)
-    with_fe = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, **KV).requests
-    without = simulate(stream, CONTINUOUS, LinearCost(0.01), **KV).requests
+    with_fe = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, **KV)).requests
+    without = simulate(stream, CONTINUOUS, setup(LinearCost(0.01), **KV)).requests
     assert np.all(with_fe["arrival_s"] == 0.0)
     assert np.all(with_fe["ttft_s"] >= with_fe["frontend_s"])
     assert with_fe["ttft_s"].mean() > without["ttft_s"].mean() + 0.005
@@ -74,8 +74,9 @@ def test_latencies_count_from_the_clients_send() -> None:
 def test_a_request_can_time_out_inside_the_front_end() -> None:
     stream = make_stream(np.zeros(10), 64, 6)
     fe = FrontendConfig(per_request_ms=100.0, startup_ms=0, discipline="fifo")
-    req = simulate(stream, CONTINUOUS, LinearCost(0.01), frontend=fe, client=ClientConfig(timeout_s=0.45),
-                   **KV).requests
+    req = simulate(
+        stream, CONTINUOUS, setup(LinearCost(0.01), frontend=fe, client=ClientConfig(timeout_s=0.45), **KV),
+    ).requests
     # Four requests leave the front end before 0.45 s; the rest time out inside it, never scheduled.
     late = req["request_id"] >= 4
     assert (req.loc[late, "status"] == "timed_out").all()

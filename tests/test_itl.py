@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,9 +64,7 @@ def test_a_request_alone_has_one_gap_per_decode_pass_and_tpot_is_their_mean():
     # Context-dependent pass times: every gap is its own decode pass's duration.
     cost = LinearCost(base_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-5)
     stream = make_stream([0.0], 50, 12)
-    out = simulate(
-        stream, PagedPolicyConfig(name="p"), cost, kv_blocks=20, block_size=16
-    )
+    out = simulate(stream, PagedPolicyConfig(name="p"), setup(cost, kv_blocks=20, block_size=16))
     decode_passes = out.iterations[out.iterations["decode_tokens"] > 0]
     assert (out.itl["count"] == 1).all() and len(out.itl) == 11
     assert np.allclose(np.sort(out.itl["gap_s"]), np.sort(decode_passes["duration_s"]), rtol=0, atol=1e-12)
@@ -79,7 +77,7 @@ def test_a_joiner_gets_its_own_gap_and_a_prefill_pass_lengthens_the_others():
     # Paged (prefill-first): A decodes, B's prefill pass interrupts it, then both decode.
     cost = LinearCost(base_s=0.01, per_token_s=1e-3)
     stream = make_stream([0.0, 0.025], 8, [4, 3])  # B arrives during A's first decode
-    out = simulate(stream, PagedPolicyConfig(name="p"), cost, kv_blocks=20, block_size=16)
+    out = simulate(stream, PagedPolicyConfig(name="p"), setup(cost, kv_blocks=20, block_size=16))
     it = out.iterations
     d = it["duration_s"].to_numpy()
     assert it["prefill_tokens"].tolist() == [8, 0, 8, 0, 0]
@@ -95,7 +93,7 @@ def test_members_that_had_the_same_previous_event_share_one_weighted_gap():
     cost = LinearCost(base_s=0.01)
     stream = make_stream(np.zeros(20), 16, 30)
     out = simulate(
-        stream, ContinuousPolicyConfig(name="c", max_batch_size=20), cost, kv_blocks=200, block_size=16
+        stream, ContinuousPolicyConfig(name="c", max_batch_size=20), setup(cost, kv_blocks=200, block_size=16),
     )
     assert len(out.itl) == 29 and (out.itl["count"] == 20).all()  # one entry per decode pass
     assert np.allclose(out.itl["gap_s"], 0.01)
@@ -105,7 +103,7 @@ def test_a_preempted_request_resumes_its_stream_with_the_token_of_its_re_prefill
     # Block size 4, 6 blocks: three requests outgrow the cache and the newest is preempted.
     cost = LinearCost(base_s=0.01)
     stream = make_stream(np.zeros(3), 4, 20)
-    out = simulate(stream, PagedPolicyConfig(name="p"), cost, kv_blocks=6, block_size=4)
+    out = simulate(stream, PagedPolicyConfig(name="p"), setup(cost, kv_blocks=6, block_size=4))
     req = out.requests
     assert req["preemptions"].sum() >= 1 and (req["status"] == "completed").all()
     # One gap per token after the first, the re-prefill's token included.

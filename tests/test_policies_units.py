@@ -20,6 +20,7 @@ from sim.errors import UserError
 from sim.metrics.records import RequestRecords
 from sim.policies import POLICIES, IterationPlan, make_policy
 from sim.serving.kv_cache import BlockAllocator, KVOverflowError
+from sim.serving.memory_plan import MemoryPlan
 from sim.serving.state import ReplicaState
 
 
@@ -28,14 +29,9 @@ def make_state(prompts, outputs, *, kv_blocks, block_size=16, reserve=None, hold
     n = len(prompts)
     records = RequestRecords(n)
     records.arrival_s[:] = np.arange(n, dtype=float)
+    memory = MemoryPlan(reserve_tokens=reserve)
     return ReplicaState(
-        0,
-        records,
-        np.asarray(prompts),
-        np.asarray(outputs),
-        BlockAllocator(kv_blocks, block_size),
-        reserve_output_tokens=reserve,
-        holds_slots=holds,
+        0, records, np.asarray(prompts), np.asarray(outputs), memory, kv_blocks, block_size, holds_slots=holds
     )
 
 
@@ -229,7 +225,7 @@ def test_paged_preempts_the_most_recently_arrived_when_a_step_needs_blocks():
     state.begin(plan, 5.0)
     assert next(state.waiting_ids()) == 2 and state.blocks.used_blocks == 6
     state.end(plan, 6.0)
-    assert state._records.preemptions.tolist() == [0, 0, 1]
+    assert state.records.preemptions.tolist() == [0, 0, 1]
     # Recompute: prompt + the 5 tokens generated so far are re-prefilled.
     assert state.tokens_to_prefill(2) == 9
 

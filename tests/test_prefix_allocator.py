@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import setup
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,9 +94,10 @@ def test_conservation_under_preemption_with_caching(policy: object, kv_blocks: i
     """A small cache forces preemptions; audited every pass, every request completes with all its tokens."""
     stream = _stream(shared_prefix={"tokens": 600, "fraction": 0.7, "variants": 3})
     engine = Engine(
-        stream, policy, Cost(), kv_blocks=kv_blocks, block_size=16, replicas=2,
-        prefix_caching=True, audit_every=1, router="prefix_affinity",
-    )  # fmt: skip
+        stream, policy,
+        setup(Cost(), kv_blocks=kv_blocks, block_size=16, replicas=2, prefix_caching=True, router="prefix_affinity"),
+        audit_every=1,
+    )
     out = engine.run()
     assert (out.requests["status"] == "completed").all()
     assert (engine.records.generated_tokens == stream.output_tokens).all()
@@ -135,11 +137,11 @@ class RecordingCache(PrefixCacheAllocator):
 def test_no_request_reads_a_block_still_being_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks become hittable only at the end of the pass that computed them: every hit is on a
     block registered at or before the hit's pass start, never one another pass is writing."""
-    import sim.serving.engine as engine_module
+    import sim.serving.memory_plan as memory_plan
 
-    monkeypatch.setattr(engine_module, "PrefixCacheAllocator", RecordingCache)
+    monkeypatch.setattr(memory_plan, "PrefixCacheAllocator", RecordingCache)
     stream = _stream(rate=200.0, shared_prefix={"tokens": 2000, "fraction": 1.0, "variants": 2})
-    engine = Engine(stream, POLICIES[1], Cost(), kv_blocks=3000, block_size=16, prefix_caching=True)
+    engine = Engine(stream, POLICIES[1], setup(Cost(), kv_blocks=3000, block_size=16, prefix_caching=True))
     cache = engine.states[0].blocks
     cache.clock = lambda: engine.env.now  # type: ignore[attr-defined]
     engine.run()
@@ -153,7 +155,7 @@ def test_caching_off_and_reserve_policies_are_unchanged() -> None:
 
     stream = _stream(shared_prefix={"tokens": 400, "fraction": 0.8, "variants": 2})
     for policy in (ContinuousPolicyConfig(name="c", max_batch_size=32), POLICIES[0]):
-        plain = Engine(stream, policy, Cost(), kv_blocks=2000, block_size=16).run()
+        plain = Engine(stream, policy, setup(Cost(), kv_blocks=2000, block_size=16)).run()
         caching = policy.kind == "continuous"
-        other = Engine(stream, policy, Cost(), kv_blocks=2000, block_size=16, prefix_caching=caching).run()
+        other = Engine(stream, policy, setup(Cost(), kv_blocks=2000, block_size=16, prefix_caching=caching)).run()
         assert plain.requests.equals(other.requests)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import assert_same_records
+from fakes import assert_same_records, setup
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_engine_invariants import COST, runs
@@ -29,7 +29,7 @@ from sim.workload.stream import RequestStream
 def _check_merge_identical(stream: object, policy: object, kwargs: dict[str, object]) -> tuple[Engine, Engine]:
     """Run with merging off and on (caching on, audited every pass); assert identical records."""
     engines = [
-        Engine(stream, policy, COST, audit_every=1, prefix_caching=True, merge_decode_steps=merge, **kwargs)  # type: ignore[arg-type]
+        Engine(stream, policy, setup(COST, prefix_caching=True, merge_decode_steps=merge, **kwargs), audit_every=1)  # type: ignore[arg-type]
         for merge in (False, True)
     ]
     off, on = (engine.run() for engine in engines)

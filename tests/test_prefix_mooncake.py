@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import setup
 
 from sim.config import PagedPolicyConfig
 from sim.errors import UserError
@@ -63,7 +64,7 @@ def _sequential(stream: RequestStream) -> RequestStream:
 
 def _run(stream: RequestStream, kv_blocks: int) -> Engine:
     policy = PagedPolicyConfig(name="p", max_num_batched_tokens=200_000)
-    engine = Engine(stream, policy, Cost(), kv_blocks=kv_blocks, block_size=BLOCK, prefix_caching=True)
+    engine = Engine(stream, policy, setup(Cost(), kv_blocks=kv_blocks, block_size=BLOCK, prefix_caching=True))
     engine.run()
     return engine
 

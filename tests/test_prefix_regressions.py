@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from fakes import setup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_prefix_allocator import Cost, _stream
@@ -34,9 +35,10 @@ def test_whole_prompt_grant_does_not_evict_the_next_joiners_hits() -> None:
     the next joiner of the same pass had matched at planning; its ``acquire`` then failed."""
     stream = _stream(shared_prefix={"tokens": 600, "fraction": 0.7, "variants": 3})
     engine = Engine(
-        stream, WHOLE_PROMPT, Cost(), kv_blocks=120, block_size=16, replicas=2,
-        prefix_caching=True, audit_every=1, router="round_robin",
-    )  # fmt: skip
+        stream, WHOLE_PROMPT,
+        setup(Cost(), kv_blocks=120, block_size=16, replicas=2, prefix_caching=True, router="round_robin"),
+        audit_every=1,
+    )
     _check_run(engine, stream, 120)
     assert engine.records.preemptions.sum() > 0
     assert sum(state.blocks.evicted_blocks for state in engine.states) > 0
@@ -87,5 +89,5 @@ def test_small_caches_with_shared_prefixes_keep_the_books(case: tuple[object, ob
     that fits one request up, any router: audited every pass, every request completes with all its
     tokens and the cache ends empty of holders."""
     stream, policy, kwargs = case
-    engine = Engine(stream, policy, Cost(), prefix_caching=True, audit_every=1, **kwargs)  # type: ignore[arg-type]
+    engine = Engine(stream, policy, setup(Cost(), prefix_caching=True, **kwargs), audit_every=1)  # type: ignore[arg-type]
     _check_run(engine, stream, int(kwargs["kv_blocks"]))  # type: ignore[call-overload]

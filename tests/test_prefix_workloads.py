@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import setup
 from pydantic import ValidationError
 
 from sim.config import ChunkedPrefillPolicyConfig, Workload
@@ -32,7 +33,7 @@ def _workload(prefix_tokens: int, fraction: float, rate: float = 10.0, requests:
 
 def _run(workload: Workload, caching: bool, kv_blocks: int = 20_000):
     stream = build_request_stream(workload, seed=1)
-    out = Engine(stream, POLICY, Cost(), kv_blocks=kv_blocks, block_size=16, prefix_caching=caching).run()
+    out = Engine(stream, POLICY, setup(Cost(), kv_blocks=kv_blocks, block_size=16, prefix_caching=caching)).run()
     return stream, out
 
 

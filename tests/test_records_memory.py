@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from fakes import setup
 
 import sim
 from sim.config import Scenario
@@ -78,14 +79,11 @@ def direct(scenario: Scenario) -> dict[str, SimOutput]:
     resolved = resolve(scenario)
     return {
         policy.name: simulate(
-            resolved.stream,
-            policy,
-            resolved.cost_model,
-            kv_blocks=resolved.kv.num_blocks,
-            block_size=resolved.kv.block_size,
-            replicas=scenario.replicas,
-            router=scenario.router,
-            seed=scenario.seed,
+            resolved.stream, policy,
+            setup(
+                resolved.cost_model, kv_blocks=resolved.kv.num_blocks, block_size=resolved.kv.block_size,
+                replicas=scenario.replicas, router=scenario.router, seed=scenario.seed,
+            ),
         )
         for policy in scenario.policies
     }

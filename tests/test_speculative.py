@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream
+from fakes import LinearCost, make_stream, setup
 
 from sim.config import ChunkedPrefillPolicyConfig, ContinuousPolicyConfig, PagedPolicyConfig, SpeculativeConfig
 from sim.hardware.cost_model import load_cost_model
@@ -61,8 +61,10 @@ def test_trace_is_common_across_rates_and_leaves_other_streams_alone() -> None:
 
 
 def _engine(policy, stream, kv_blocks: int = 400, block_size: int = 16, cost=None) -> Engine:
-    engine = Engine(stream, policy, cost or LinearCost(0.01, 1e-4), kv_blocks=kv_blocks, block_size=block_size,
-                    audit_every=1)  # fmt: skip
+    engine = Engine(
+        stream, policy, setup(cost or LinearCost(0.01, 1e-4), kv_blocks=kv_blocks, block_size=block_size),
+        audit_every=1,
+    )
     engine.run()
     return engine
 
@@ -98,8 +100,10 @@ def test_draft_blocks_are_allocated_for_the_step_and_rolled_back() -> None:
     # Prompt 15 in blocks of 16: the first decode step writes positions 15..19 (2 blocks); with
     # a = 0 only position 15 is kept, so 1 block is held between steps.
     stream = make_stream([0.0], 15, 10)
-    out = Engine(stream, PagedPolicyConfig(name="p", speculative=_spec(0.0)), LinearCost(), kv_blocks=4,
-                 block_size=16, audit_every=1).run()  # fmt: skip
+    out = Engine(
+        stream, PagedPolicyConfig(name="p", speculative=_spec(0.0)), setup(LinearCost(), kv_blocks=4, block_size=16),
+        audit_every=1,
+    ).run()
     used = out.iterations["kv_blocks_used"].tolist()
     assert used[:2] == [1, 2]  # the prefill, then the first verification with its draft block
     assert out.requests["spec_tokens_per_step"][0] == 1.0
@@ -107,8 +111,10 @@ def test_draft_blocks_are_allocated_for_the_step_and_rolled_back() -> None:
 
 def test_exact_tokens_per_step_at_a_one() -> None:
     stream = make_stream([0.0, 0.0], 20, 1 + 5 * (GAMMA + 1))  # 5 full steps after the first token
-    out = Engine(stream, PagedPolicyConfig(name="p", speculative=_spec(1.0)), LinearCost(), kv_blocks=50,
-                 block_size=16).run()  # fmt: skip
+    out = Engine(
+        stream, PagedPolicyConfig(name="p", speculative=_spec(1.0)),
+        setup(LinearCost(), kv_blocks=50, block_size=16),
+    ).run()
     assert out.requests["spec_steps"].tolist() == [5, 5]
     assert out.requests["spec_tokens_per_step"].tolist() == [GAMMA + 1, GAMMA + 1]
 
@@ -119,7 +125,7 @@ def test_per_request_acceptance_is_the_same_under_every_policy() -> None:
     stream = make_stream(np.sort(rng.uniform(0, 1, 30)), rng.integers(5, 40, 30), rng.integers(2, 60, 30))
     columns = ["spec_steps", "spec_proposed_tokens", "spec_accepted_tokens"]
     frames = [
-        Engine(stream, make(_spec(0.7)), LinearCost(0.01, 1e-4), kv_blocks=1000, block_size=16).run().requests
+        Engine(stream, make(_spec(0.7)), setup(LinearCost(0.01, 1e-4), kv_blocks=1000, block_size=16)).run().requests
         for make in POLICIES
     ]
     for frame in frames[1:]:
@@ -134,8 +140,10 @@ def _stream_alone(n: int, gap_s: float = 30.0):
 def test_tpot_falls_at_batch_one(spec: dict) -> None:
     cost = load_cost_model("llama-2-7b", "a100-80gb", 1)
     stream = _stream_alone(5)
-    base = Engine(stream, PagedPolicyConfig(name="p"), cost, kv_blocks=2000, block_size=16).run()
-    fast = Engine(stream, PagedPolicyConfig(name="p", speculative=spec), cost, kv_blocks=2000, block_size=16).run()
+    base = Engine(stream, PagedPolicyConfig(name="p"), setup(cost, kv_blocks=2000, block_size=16)).run()
+    fast = Engine(
+        stream, PagedPolicyConfig(name="p", speculative=spec), setup(cost, kv_blocks=2000, block_size=16)
+    ).run()
     assert fast.iterations["batch_size"].max() == 1
     assert fast.requests["tpot_s"].mean() < 0.75 * base.requests["tpot_s"].mean()
 
@@ -145,9 +153,11 @@ def test_tpot_falls_at_batch_one_with_a_draft_model() -> None:
     draft = load_cost_model("llama-2-7b", "a100-80gb", 4)
     stream = _stream_alone(3)
     spec = _spec(0.6, "draft_model", draft_model="llama-2-7b")
-    base = Engine(stream, PagedPolicyConfig(name="p"), target, kv_blocks=4000, block_size=16).run()
-    fast = Engine(stream, PagedPolicyConfig(name="p", speculative=spec), target, kv_blocks=4000, block_size=16,
-                  draft_cost_model=draft).run()  # fmt: skip
+    base = Engine(stream, PagedPolicyConfig(name="p"), setup(target, kv_blocks=4000, block_size=16)).run()
+    fast = Engine(
+        stream, PagedPolicyConfig(name="p", speculative=spec),
+        setup(target, kv_blocks=4000, block_size=16, draft_cost_model=draft),
+    ).run()
     assert fast.requests["tpot_s"].mean() < base.requests["tpot_s"].mean()
 
 
@@ -160,7 +170,7 @@ def test_throughput_falls_at_a_saturated_batch() -> None:
     rates = {}
     for label, spec in (("off", None), ("on", _spec(0.6, "ngram"))):
         policy = PagedPolicyConfig(name="p", max_batch_size=512, speculative=spec)
-        out = Engine(stream, policy, cost, kv_blocks=27_000, block_size=16).run()
+        out = Engine(stream, policy, setup(cost, kv_blocks=27_000, block_size=16)).run()
         assert out.iterations["batch_size"].mean() > 200  # saturated
         rates[label] = stream.output_tokens.sum() / out.requests["completion_s"].max()
     assert rates["on"] < 0.95 * rates["off"]

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import LinearCost, assert_same_records, make_stream
+from fakes import LinearCost, assert_same_records, make_stream, setup
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_engine_invariants import COST, runs
 
 from sim.config import ContinuousPolicyConfig, PagedPolicyConfig, StaticPolicyConfig
+from sim.metrics.records import RequestRecords
 from sim.serving.engine import Engine
+from sim.serving.memory_plan import MemoryPlan
 from sim.serving.merge import exact_delay
-from sim.serving.pool_state import PoolReplicaState
-from sim.serving.speculative import SpeculativeReplicaState
+from sim.serving.pool_state import PoolRole
+from sim.serving.state import ReplicaState
 
 
 def _run(stream, policy, kwargs, merge: bool) -> tuple[Engine, object]:
-    engine = Engine(stream, policy, COST, audit_every=1, merge_decode_steps=merge, **kwargs)
+    engine = Engine(stream, policy, setup(COST, merge_decode_steps=merge, **kwargs), audit_every=1)
     return engine, engine.run()
 
 
@@ -64,8 +66,18 @@ def test_a_lone_burst_decodes_in_few_events(policy) -> None:
 
 
 def test_states_whose_passes_differ_do_not_merge() -> None:
-    assert SpeculativeReplicaState.merges_decode is False
-    assert PoolReplicaState.merges_decode is False
+    """Speculative acceptance and pool hand-offs make each pass differ: such replicas never merge."""
+
+    class Decoration:  # anything that decorates the decode step
+        pass_extra_s = 0.0
+
+    def state(**features: object) -> ReplicaState:
+        lengths = np.array([10])
+        return ReplicaState(0, RequestRecords(1), lengths, lengths, MemoryPlan(), 8, 4, **features)  # type: ignore[arg-type]
+
+    assert state().merges_decode is True
+    assert state(speculation=Decoration()).merges_decode is False
+    assert state(pool=PoolRole()).merges_decode is False
 
 
 @given(st.floats(0, 1e6), st.floats(0, 1e6))
@@ -99,6 +111,6 @@ def test_engine_cpu_and_tight_kv_merge_identically() -> None:
     policy = PagedPolicyConfig(name="p", max_batch_size=16, engine_cpu=EngineCPUConfig(step_ms=0.5, pass_ms=0.2))
     kwargs = dict(kv_blocks=45, block_size=4, engine_cpu=policy.engine_cpu)
     cost = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
-    outs = [Engine(stream, policy, cost, merge_decode_steps=m, **kwargs).run() for m in (False, True)]
+    outs = [Engine(stream, policy, setup(cost, merge_decode_steps=m, **kwargs)).run() for m in (False, True)]
     assert outs[0].requests["preemptions"].sum() > 0
     assert_same_records(*outs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from fakes import LinearCost, assert_same_records, make_stream
+from fakes import LinearCost, assert_same_records, make_stream, setup
 from hypothesis import HealthCheck, event, given, settings
 from test_engine_invariants import COST, runs
 
@@ -59,7 +59,7 @@ class CheckedPolicy(Policy):
 
 
 def _run(stream, policy, kwargs, merge: bool, cost=COST):
-    engine = Engine(stream, policy, cost, audit_every=1, merge_decode_steps=merge, **kwargs)
+    engine = Engine(stream, policy, setup(cost, merge_decode_steps=merge, **kwargs), audit_every=1)
     return engine, engine.run()
 
 
@@ -68,7 +68,7 @@ def _run(stream, policy, kwargs, merge: bool, cost=COST):
 def test_decode_only_says_yes_only_before_a_pure_decode_plan(case):
     """Merging off (a plan every pass), so every state the policy meets is checked."""
     stream, policy, kwargs = case
-    engine = Engine(stream, policy, COST, merge_decode_steps=False, **kwargs)
+    engine = Engine(stream, policy, setup(COST, merge_decode_steps=False, **kwargs))
     checked = CheckedPolicy(engine.policy)
     for worker in engine.workers:
         worker._policy = checked

@@ -242,7 +242,7 @@ def test_decode_is_memory_bound_and_prefill_compute_bound(result: sim.RunResult)
 def test_summary_without_pass_work_is_nan() -> None:
     resolved = resolve(Scenario.model_validate(SCENARIO))
     policy = resolved.scenario.policies[1]
-    out = simulate(resolved.stream, policy, **resolved.engine_kwargs(policy))
+    out = simulate(resolved.stream, policy, resolved.engine_setup(policy))
     row = sim.metrics.summary.summarize_run(out.requests, out.iterations, scenario="s", policy="p")
     assert all(np.isnan(row[c]) for c in ("mfu_mean", "mbu_mean", "mfu_busy", "mbu_busy"))
 

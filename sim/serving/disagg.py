@@ -34,11 +34,13 @@ from sim.policies import make_policy
 from sim.policies.base import VLLM_WATERMARK_FRACTION
 from sim.serving.clients import Clients
 from sim.serving.engine import ProgressCallback, SimOutput, passed_progress_mark, run_to_end
-from sim.serving.kv_cache import BlockAllocator
 from sim.serving.kv_link import Link, TransferModel
-from sim.serving.pool_state import PoolReplicaState
+from sim.serving.pool_state import PoolRole
+from sim.serving.pricing import CostModelLike
 from sim.serving.router import make_router
-from sim.serving.worker import CostModelLike, Worker
+from sim.serving.setup import ReplicaSetup, build_replicas
+from sim.serving.state import ReplicaState
+from sim.serving.worker import Worker
 from sim.workload.stream import RequestStream
 
 DISAGG_REQUEST_COLUMNS = ("kv_transfer_s", "kv_wait_s", "prefill_replica")
@@ -52,15 +54,18 @@ class PoolSpec:
 
     Attributes:
         policy: the pool's policy config.
-        cost_model: prices its passes (without CPU time when the policy has ``engine_cpu``).
-        kv_blocks: KV blocks per replica.
+        replica: every replica's set-up (pricing, KV blocks, features), as a colocated run's.
         replicas: replicas in the pool.
     """
 
     policy: Any
-    cost_model: CostModelLike
-    kv_blocks: int
+    replica: ReplicaSetup
     replicas: int
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks per replica."""
+        return self.replica.kv_blocks
 
 
 class DisaggEngine:
@@ -70,7 +75,7 @@ class DisaggEngine:
         stream: the requests.
         prefill, decode: the two pools.
         transfer: duration of a KV transfer.
-        block_size: tokens per KV block (both pools).
+        block_size: tokens per KV block (both pools; must equal each pool's own).
         router: router kind, used in each pool.
         client, admission, seed, progress, refuse, frontend: as :func:`sim.serving.engine.simulate`.
         audit_every: check replica invariants every this many passes per replica.
@@ -105,10 +110,12 @@ class DisaggEngine:
         self._pending: list[deque[int]] = [deque() for _ in range(d)]
         self._arrived: list[list[int]] = [[] for _ in range(d)]
         self._incoming_tokens = [0] * d
-        self.prefill_states = [self._state(i, prefill, block_size, handoff=self._handoff) for i in range(p)]
-        self.decode_states = [
-            self._state(p + j, decode, block_size, on_boundary=self._boundary_of(j)) for j in range(d)
-        ]
+        self.roles = [PoolRole(handoff=self._handoff) for _ in range(p)]
+        self.roles += [PoolRole(on_boundary=self._boundary_of(j)) for j in range(d)]
+        prefill_built = self._pool(prefill, range(p), seed)
+        decode_built = self._pool(decode, range(p, p + d), seed)
+        self.prefill_states = [state for state, _ in prefill_built]
+        self.decode_states = [state for state, _ in decode_built]
         self._decode_room = _max_running(decode.policy)
         self._boundary_only = getattr(decode.policy, "num_scheduler_steps", 1) > 1
         self._route_decode = _decode_router(router, self.decode_states, self._incoming_tokens, seed)
@@ -117,27 +124,24 @@ class DisaggEngine:
             self.env, stream, self.records, states, self._wake, make_router(router, self.prefill_states, seed),
             client, admission, refuse=refuse, frontend=frontend,
         )  # fmt: skip
-        self.workers = [self._worker(s, prefill, audit_every) for s in self.prefill_states]
-        self.workers += [self._worker(s, decode, audit_every) for s in self.decode_states]
+        self.workers = [self._worker(s, cost, prefill, audit_every) for s, cost in prefill_built]
+        self.workers += [self._worker(s, cost, decode, audit_every) for s, cost in decode_built]
         self._progress, self._passes = progress, 0
 
     # ------------------------------------------------------------------ wiring
-    def _state(self, index: int, pool: PoolSpec, block_size: int, **hooks: Any) -> PoolReplicaState:
-        policy = make_policy(pool.policy)
-        reserve = self.stream.max_output_tokens if policy.memory == "reserve" else None
+    def _pool(self, pool: PoolSpec, indices: range, seed: int) -> list[tuple[ReplicaState, CostModelLike]]:
         # Pools take a (re)prefill's blocks at admission (whole_prompt): KV held for transfers is not
         # preemptable, so a chunked prefill part-way through must never find its next chunk blocked by it.
-        return PoolReplicaState(
-            index, self.records, self.stream.prompt_tokens, self.stream.output_tokens,
-            BlockAllocator(pool.kv_blocks, block_size), reserve_output_tokens=reserve,
-            holds_slots=policy.holds_slots, whole_prompt=True, itl=self.itl, **hooks,
+        return build_replicas(
+            self.stream, make_policy(pool.policy), pool.policy, pool.replica, self.records, self.itl, indices,
+            seed=seed, pool_role=self.roles.__getitem__, whole_prompt=True,
         )  # fmt: skip
 
-    def _worker(self, state: PoolReplicaState, pool: PoolSpec, audit_every: int) -> Worker:
+    def _worker(self, state: ReplicaState, cost: CostModelLike, pool: PoolSpec, audit_every: int) -> Worker:
         return Worker(
-            self.env, state, make_policy(pool.policy), pool.cost_model, self.iterations,
+            self.env, state, make_policy(pool.policy), cost, self.iterations,
             on_completed=self.clients.completed, on_iteration=self._tick, audit_every=audit_every,
-            engine_cpu=getattr(pool.policy, "engine_cpu", None),
+            engine_cpu=pool.replica.engine_cpu,
         )  # fmt: skip
 
     def _wake(self, replica: int) -> None:
@@ -173,6 +177,7 @@ class DisaggEngine:
     def _admit_transfers(self, j: int, now_s: float) -> None:
         """Reserve decode blocks and start transfers, hand-off order, while they fit."""
         state, pending, status = self.decode_states[j], self._pending[j], self.records.status
+        role = self.roles[len(self.prefill_states) + j]
         while pending and not state.waiting_count:  # preempted requests recompute first
             rid = pending[0]
             if status[rid] != RUNNING:  # abandoned while it waited: its prefill KV is freed now
@@ -180,15 +185,15 @@ class DisaggEngine:
                 self._forget(rid, j)
                 self._release_prefill(rid)
                 continue
-            need = state.transfer_blocks(rid)
-            if not self._fits(state, need):
+            need = role.transfer_blocks(rid)
+            if not self._fits(state, role, need):
                 return
             pending.popleft()
-            state.reserve_incoming(rid, need)
+            role.reserve_incoming(rid, need)
             self._start_transfer(rid, j, now_s)
 
-    def _fits(self, state: PoolReplicaState, need: int) -> bool:
-        holders = state.running_count + len(state.receiving)
+    def _fits(self, state: ReplicaState, role: PoolRole, need: int) -> bool:
+        holders = state.running_count + len(role.receiving)
         if holders >= self._decode_room:
             return False
         keep = int(VLLM_WATERMARK_FRACTION * state.blocks.total_blocks) if holders else 0
@@ -210,17 +215,17 @@ class DisaggEngine:
 
     def _release_prefill(self, rid: int) -> None:
         i = int(self.prefill_replica[rid])
-        self.prefill_states[i].release_sent(rid)
+        self.roles[i].release_sent(rid)
         self.workers[i].wake()  # an idle prefill replica may now admit the queue's head
 
     def _join_arrived(self, j: int, now_s: float) -> None:
-        state, status, first = self.decode_states[j], self.records.status, self.records.first_token_s
+        role, status, first = self.roles[len(self.prefill_states) + j], self.records.status, self.records.first_token_s
         for rid in self._arrived[j]:
             self._forget(rid, j)
             if status[rid] != RUNNING:  # abandoned during the transfer
-                state.drop_incoming(rid)
+                role.drop_incoming(rid)
                 continue
-            state.join_decoding(rid, float(first[rid]))
+            role.join_decoding(rid, float(first[rid]))
             self.kv_wait_s[rid] = now_s - first[rid]
         self._arrived[j].clear()
 
@@ -249,9 +254,9 @@ class DisaggEngine:
             raise RuntimeError(f"{len(unfinished)} requests never ended (first: {unfinished[:5].tolist()})")
         if any(self._pending) or any(self._arrived):
             raise RuntimeError("requests left waiting for a KV transfer after the run")
-        for state in self.prefill_states + self.decode_states:
+        for state, role in zip(self.prefill_states + self.decode_states, self.roles, strict=True):
             state.audit()
-            if state.running_count or state.blocks.used_blocks or state.sending or state.receiving:
+            if state.running_count or state.blocks.used_blocks or role.sending or role.receiving:
                 raise RuntimeError(f"replica {state.index} still holds requests or KV after the run")
 
 
@@ -265,7 +270,7 @@ def _max_running(policy: Any) -> int:
 class _DecodeLoad:
     """A decode replica as the router sees it: its own outstanding tokens plus those on their way."""
 
-    def __init__(self, state: PoolReplicaState, incoming: list[int], j: int) -> None:
+    def __init__(self, state: ReplicaState, incoming: list[int], j: int) -> None:
         self._state, self._incoming, self._j = state, incoming, j
 
     @property
@@ -274,7 +279,7 @@ class _DecodeLoad:
         return self._state.outstanding_tokens + self._incoming[self._j]
 
 
-def _decode_router(kind: str, states: list[PoolReplicaState], incoming: list[int], seed: int) -> Callable[[], int]:
+def _decode_router(kind: str, states: list[ReplicaState], incoming: list[int], seed: int) -> Callable[[], int]:
     # seed + 1: a random router must not pair decode choices with the prefill router's draws.
     loads: list[Any] = [_DecodeLoad(state, incoming, j) for j, state in enumerate(states)]
     return make_router(kind, loads, seed + 1)

@@ -23,13 +23,15 @@ speculation off none of it runs and the engine is unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.config import SpeculativeConfig
+from sim.serving.pricing import CostModelLike
 from sim.serving.sequences import DECODE, Seq
 from sim.serving.spec_acceptance import AcceptanceTrace, build_trace
-from sim.serving.state import CostTotals, ReplicaState
-from sim.serving.worker import CostModelLike
+
+if TYPE_CHECKING:
+    from sim.serving.state import CostTotals, ReplicaState
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,13 @@ def make_speculation(
 class SpeculativeCostModel:
     """A replica's cost model: the target's time for the pass totals plus that pass's drafting.
 
-    The replica state computes the extra time when it prepares the pass (``begin``), just
-    before the worker prices it, so the worker's one cost call stays unchanged.
+    The decode decoration computes the extra time when the replica prepares the pass
+    (``begin``), just before the worker prices it, so the worker's one cost call stays unchanged.
     """
 
-    def __init__(self, target: CostModelLike, state: SpeculativeReplicaState) -> None:
+    def __init__(self, target: CostModelLike, decode: SpeculativeDecode) -> None:
         self._target = target.time_from_totals_s
-        self._state = state
+        self._decode = decode
 
     def time_from_totals_s(
         self,
@@ -120,99 +122,94 @@ class SpeculativeCostModel:
     ) -> float:
         """Target time of the totals plus the extra time of the pass being prepared."""
         totals = (num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens)
-        return self._target(*totals) + self._state.pass_extra_s
+        return self._target(*totals) + self._decode.pass_extra_s
 
 
-class SpeculativeReplicaState(ReplicaState):
-    """A replica whose decode steps draft and verify (see the module docstring).
+class SpeculativeDecode:
+    """Decorates one replica's decode steps with drafting and verification (module docstring).
 
-    Same arguments as :class:`ReplicaState`, plus ``speculation``. Per request it counts
-    ``spec_steps``, ``spec_proposed_tokens`` and ``spec_accepted_tokens`` in the records.
+    The replica state (:class:`~sim.serving.state.ReplicaState`, its ``speculation``) calls
+    it instead of its plain decode step; it uses the state's public parts only (``running``,
+    ``decoders``, ``memory``, ``records``), so it runs on every memory model. Per request it
+    counts ``spec_steps``, ``spec_proposed_tokens`` and ``spec_accepted_tokens`` in the records.
+
+    Args:
+        speculation: the run's setup, shared by its replicas.
 
     Attributes:
-        pass_extra_s: draft and LM-head time of the pass ``begin`` last prepared.
+        pass_extra_s: draft and correction time of the pass ``begin`` last prepared.
     """
 
-    merges_decode = False  # see ReplicaState: boundaries/acceptance make every pass differ
-
-    def __init__(self, *args: Any, speculation: Speculation, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, speculation: Speculation) -> None:
         self.speculation = speculation
         self.pass_extra_s = 0.0
         self._gamma = speculation.gamma
         self._pending: list[tuple[Seq, int, int]] = []  # (member, drafted, accepted) of the pass in flight
         self._surplus_blocks = 0  # blocks of positions the pass in flight will reject
 
-    # ------------------------------------------------------------------ ledger source
-    def decode_blocks_needed(self, steps: int = 1) -> int:
+    # ------------------------------------------------------------------ ledger questions
+    def blocks_needed(self, state: ReplicaState, steps: int = 1) -> int:
         """Blocks the next step needs: every decoding member writes gamma_r + 1 positions."""
-        if self._reserve is not None:
+        _one_step(steps)
+        if not state.memory.grows_per_step:
             return 0
-        self._one_step(steps)
-        return sum(self._step_blocks(seq) for seq in self._members())
+        return sum(self._step_blocks(state, seq) for seq in _members(state))
 
-    def decode_growth_blocks(self, rid: int, steps: int = 1) -> int:
-        """Blocks member ``rid`` needs for the next step (what preempting it gives back)."""
-        self._one_step(steps)
-        seq = self.running[rid]
-        if self._reserve is not None or seq.phase != DECODE:
+    def growth_blocks(self, state: ReplicaState, seq: Seq, steps: int = 1) -> int:
+        """Blocks member ``seq`` needs for the next step (what preempting it gives back)."""
+        _one_step(steps)
+        if not state.memory.grows_per_step or seq.phase != DECODE:
             return 0
-        return self._step_blocks(seq)
+        return self._step_blocks(state, seq)
 
-    # ------------------------------------------------------------------ engine API
-    def begin(self, plan: Any, now_s: float) -> CostTotals:
-        """Apply the plan; a decode step becomes a verification pass priced through the prefill terms."""
-        self.pass_extra_s = 0.0
-        if not plan.decode:
-            return super().begin(plan, now_s)
+    # ------------------------------------------------------------------ the pass
+    def begin(self, state: ReplicaState, plan: Any) -> tuple[int, int, float, int]:
+        """Draw the members' accepted tokens and allocate their draft positions' blocks; price the
+        drafting. Returns the verification as prefill terms: (tokens, pieces, attention work,
+        cached context read)."""
         if plan.charge_idle_slots or plan.steps > 1:
             raise RuntimeError("speculative decoding runs only with iteration-level, single-step plans")
-        if plan.preempt:
-            self._preempt(plan.preempt, now_s)
-        verify_tokens, verify_work, context, seqs_by_pass, kv_by_pass = self._begin_verification()
-        prefill_tokens, work = 0, 0.0
-        self.prefill_context_tokens = 0
-        if plan.prefill:
-            prefill_tokens, work = self._begin_prefills(plan.prefill, now_s)
-        self.prefill_context_tokens += context  # cached KV the verification reads (MBU)
+        tokens, work, context, seqs_by_pass, kv_by_pass = self._verification(state)
         verified = len(self._pending)
-        pieces = len(plan.prefill) + verified
         spec = self.speculation
-        verify = (verify_tokens, verified, verify_work, 0, context + verified)  # decode KV: cached + fed-in token
+        verify = (tokens, verified, work, 0, context + verified)  # decode KV: cached + fed-in token
+        prefills = len(plan.prefill)
         self.pass_extra_s = spec.draft_s(seqs_by_pass, kv_by_pass) + spec.correction_s(
-            pieces, len(plan.prefill) + verify_tokens, verify
+            prefills + verified, prefills + tokens, verify
         )
-        return prefill_tokens + verify_tokens, pieces, work + verify_work, 0, 0
+        return tokens, verified, work, context
 
-    def end(self, plan: Any, now_s: float) -> list[int]:
-        """Roll back the rejected positions' blocks, credit accepted tokens, then the step itself."""
-        if self._pending:
-            if self._surplus_blocks:
-                self.blocks.release(self._surplus_blocks)
-                self._surplus_blocks = 0
-            records, credit, extra = self._records, self.decoders.credit_extra, 0
-            for seq, drafted, accepted in self._pending:
-                credit(seq, accepted)
-                extra += accepted
-                rid = seq.rid
-                records.spec_steps[rid] += 1
-                records.spec_proposed_tokens[rid] += drafted
-                records.spec_accepted_tokens[rid] += accepted
-            self.outstanding_tokens -= extra  # the step's own token per member: ReplicaState.end
-            self._pending.clear()
-        return super().end(plan, now_s)
+    def end(self, state: ReplicaState) -> None:
+        """Roll back the rejected positions' blocks and credit the accepted tokens (the step's own
+        token per member is the state's)."""
+        self.pass_extra_s = 0.0
+        if not self._pending:
+            return
+        if self._surplus_blocks:
+            state.memory.give_back(self._surplus_blocks)
+            self._surplus_blocks = 0
+        records, credit, extra = state.records, state.decoders.credit_extra, 0
+        for seq, drafted, accepted in self._pending:
+            credit(seq, accepted)
+            extra += accepted
+            rid = seq.rid
+            records.spec_steps[rid] += 1
+            records.spec_proposed_tokens[rid] += drafted
+            records.spec_accepted_tokens[rid] += accepted
+        state.outstanding_tokens -= extra
+        self._pending.clear()
 
-    # ------------------------------------------------------------------ internals
-    def _begin_verification(self) -> tuple[int, float, int, list[int], list[int]]:
+    def _verification(self, state: ReplicaState) -> tuple[int, float, int, list[int], list[int]]:
         """Draw each member's accepted tokens, allocate its draft positions' blocks; return
         (verified tokens, attention work, cached context read, draft passes' sequences,
         draft passes' KV tokens)."""
-        decoders, blocks_for, trace = self.decoders, self.blocks.blocks_for, self.speculation.trace
-        gamma, paged, pending = self._gamma, self._reserve is None, self._pending
+        decoders, memory, trace = state.decoders, state.memory, self.speculation.trace
+        blocks_for, gamma, pending = memory.blocks_for, self._gamma, self._pending
+        paged = memory.grows_per_step
         by_draft = [0] * (gamma + 1)  # members by tokens drafted, and their contexts
         context_by_draft = [0] * (gamma + 1)
         tokens, work, cached, allocate, keep = 0, 0.0, 0, 0, 0
-        for seq in self._members():
+        for seq in _members(state):
             context = decoders.context(seq)
             generated = context - seq.prompt_tokens
             drafted = min(gamma, seq.output_tokens - generated - 1)
@@ -229,24 +226,25 @@ class SpeculativeReplicaState(ReplicaState):
             context_by_draft[drafted] += context
             pending.append((seq, drafted, accepted))
         if paged:
-            self.blocks.allocate(allocate)
+            memory.allocate(allocate)
             self._surplus_blocks = allocate - keep
         seqs_by_pass, kv_by_pass = _draft_passes(by_draft, context_by_draft)
         return tokens, work, cached, seqs_by_pass, kv_by_pass
 
-    def _members(self) -> list[Seq]:
-        return [seq for seq in self.running.values() if seq.phase == DECODE]
-
-    def _step_blocks(self, seq: Seq) -> int:
-        context = self.decoders.context(seq)
+    def _step_blocks(self, state: ReplicaState, seq: Seq) -> int:
+        context = state.decoders.context(seq)
         drafted = min(self._gamma, seq.output_tokens - (context - seq.prompt_tokens) - 1)
-        blocks_for = self.blocks.blocks_for
+        blocks_for = state.memory.blocks_for
         return blocks_for(context + drafted) - blocks_for(context - 1)
 
-    @staticmethod
-    def _one_step(steps: int) -> None:
-        if steps != 1:
-            raise ValueError(f"speculative decoding plans one decode step at a time, asked {steps}")
+
+def _members(state: ReplicaState) -> list[Seq]:
+    return [seq for seq in state.running.values() if seq.phase == DECODE]
+
+
+def _one_step(steps: int) -> None:
+    if steps != 1:
+        raise ValueError(f"speculative decoding plans one decode step at a time, asked {steps}")
 
 
 def _draft_passes(by_draft: list[int], context_by_draft: list[int]) -> tuple[list[int], list[int]]:

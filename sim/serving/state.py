@@ -9,6 +9,14 @@ A multi-step block (a plan with ``steps`` > 1, vLLM's ``--num-scheduler-steps``)
 ``begin``, then ``block_step`` before each further pass, then ``end_block``. Every
 stream event reports its inter-token gaps to an :class:`~sim.metrics.itl.ITLRecorder`.
 Tests drive it as a plain state machine.
+
+Features plug in by composition, never by subclassing: every KV question and change goes
+through the replica's memory model (:mod:`sim.serving.memory`: reserve, paged, prefix
+cached), speculative decoding decorates the decode step
+(:class:`~sim.serving.speculative.SpeculativeDecode`), and a disaggregated pool's hand-off
+and join hooks are a :class:`~sim.serving.pool_state.PoolRole`. Each feature uses the
+public attributes below (``records``, ``running``, ``decoders``, ``memory``), so any of
+them runs with any other.
 """
 
 from __future__ import annotations
@@ -17,15 +25,16 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Protocol
 
 import numpy as np
 
 from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import COMPLETED, RUNNING, TIMED_OUT, WAITING, RequestRecords
 from sim.policies.base import IterationPlan
-from sim.serving.kv_cache import BlockAllocator
 from sim.serving.ledger import KVLedger
+from sim.serving.memory import Leaving
+from sim.serving.memory_plan import MemoryPlan
 from sim.serving.sequences import DECODE, GONE, IDLE_SLOT, PREFILL, DecodeGroup, Seq
 
 CostTotals = tuple[int, int, float, int, int]
@@ -33,29 +42,73 @@ CostTotals = tuple[int, int, float, int, int]
 _NOTHING: list[Seq] = []  # shared empty result, never appended to
 
 
+class DecodeDecoration(Protocol):
+    """What decorates a replica's decode steps (speculative decoding implements it).
+
+    Attributes:
+        pass_extra_s: time the decoration adds to the pass ``begin`` last prepared.
+    """
+
+    pass_extra_s: float
+
+    def blocks_needed(self, state: ReplicaState, steps: int = 1) -> int:
+        """New blocks the next decode step of every member needs (the ledger's question)."""
+        ...
+
+    def growth_blocks(self, state: ReplicaState, seq: Seq, steps: int = 1) -> int:
+        """New blocks member ``seq`` needs for the next step (what preempting it gives back)."""
+        ...
+
+    def begin(self, state: ReplicaState, plan: IterationPlan) -> tuple[int, int, float, int]:
+        """Allocate the step's blocks; return it as prefill terms (tokens, pieces, work, context read)."""
+        ...
+
+    def end(self, state: ReplicaState) -> None:
+        """The pass ended: give back what it rejected, credit what it accepted."""
+        ...
+
+
+class PoolHooks(Protocol):
+    """What plugs a replica into a disaggregated pool (``PoolRole`` implements it)."""
+
+    def boundary(self, now_s: float) -> None:
+        """A scheduling decision is about to be made at ``now_s``."""
+        ...
+
+    def hands_off(self, seq: Seq) -> bool:
+        """Whether ``seq``'s prefill token ends its stay on this replica."""
+        ...
+
+    def hand_off(self, state: ReplicaState, seq: Seq, now_s: float) -> None:
+        """``seq`` emitted its first token at ``now_s`` and leaves for another pool."""
+        ...
+
+    def audit_memory(self, state: ReplicaState, seqs: list[Seq]) -> None:
+        """Check the memory model's invariants with transfers in flight accounted for."""
+        ...
+
+
 class ReplicaState:
     """Queue, running batch and KV blocks of one replica.
-
-    Class attribute ``merges_decode``: the worker may merge consecutive pure decode passes
-    of this state into one SimPy event (:meth:`repeatable_decodes`, :meth:`repeat_decodes`);
-    subclasses whose pass outcome depends on more than the decode group (speculative
-    acceptance, pool hand-offs at every boundary) set it False.
 
     Args:
         index: replica number.
         records: per-request columns shared by all replicas.
         prompt_tokens, output_tokens: the stream's lengths (indexed by request id).
-        allocator: this replica's KV blocks.
-        reserve_output_tokens: reserve KV for prompt + this many tokens at admission
-            (static, continuous); None for paged allocation as tokens are computed.
+        memory: the memory model to build (reserve, paged, prefix cached).
+        kv_blocks, block_size: this replica's KV capacity.
         holds_slots: finished sequences keep their slot and KV until the batch is done.
-        whole_prompt: paged memory, but a request's whole prompt (plus tokens it generated
-            before a preemption) is allocated when it is admitted, not chunk by chunk
-            (Sarathi-Serve, vLLM v0 chunked prefill).
         itl: where inter-token gaps go (shared by the replicas of a run; default: a private one).
-    """
+        speculation: decorates every decode step with drafting and verification (None: plain).
+        pool: a disaggregated pool's hand-off and join hooks (None: colocated).
 
-    merges_decode: ClassVar[bool] = True
+    Attributes:
+        memory: the replica's :class:`~sim.serving.memory.KVMemory`; ``blocks`` is its allocator.
+        merges_decode: the worker may merge consecutive pure decode passes into one SimPy
+            event (:meth:`repeatable_decodes`, :meth:`repeat_decodes`): not when a pass's
+            outcome depends on more than the decode group (speculative acceptance, pool
+            hand-offs at every boundary).
+    """
 
     def __init__(
         self,
@@ -63,20 +116,27 @@ class ReplicaState:
         records: RequestRecords,
         prompt_tokens: np.ndarray,
         output_tokens: np.ndarray,
-        allocator: BlockAllocator,
+        memory: MemoryPlan,
+        kv_blocks: int,
+        block_size: int,
         *,
-        reserve_output_tokens: int | None,
         holds_slots: bool = False,
-        whole_prompt: bool = False,
         itl: ITLRecorder | None = None,
+        speculation: DecodeDecoration | None = None,
+        pool: PoolHooks | None = None,
     ) -> None:
         self.index = index
         self.now_s = 0.0
-        self.blocks = allocator
+        self.records = records
         self.itl = itl if itl is not None else ITLRecorder()
         self._itl_add = self.itl.add
-        self.decoders = DecodeGroup(allocator.block_size, self.itl)
-        self.kv = KVLedger(self, allocator.total_blocks)
+        self.decoders = DecodeGroup(block_size, self.itl)
+        self.memory = memory.build(kv_blocks, block_size, prompt_tokens, output_tokens, records, self.decoders)
+        self.blocks = self.memory.blocks
+        self.kv = KVLedger(self, kv_blocks)
+        self.speculation = speculation
+        self.pool = pool
+        self.merges_decode = speculation is None and pool is None
         self.running: dict[int, Seq] = {}
         self.waiting_count = 0
         self.outstanding_tokens = 0
@@ -84,12 +144,9 @@ class ReplicaState:
         self.idle_slot_kv_tokens = 0
         self.prefill_context_tokens = 0  # of the pass ``begin`` last prepared
         self.queue_area_s = 0.0
-        self._records = records
         self._prompt = prompt_tokens
         self._output = output_tokens
-        self._reserve = reserve_output_tokens
         self._holds_slots = holds_slots
-        self._whole_prompt = whole_prompt and reserve_output_tokens is None
         self._waiting: deque[int] = deque()
         self._order: list[tuple[float, int]] = []
         self._prefilling: list[Seq] = []
@@ -112,29 +169,34 @@ class ReplicaState:
 
     def view(self, now_s: float) -> ReplicaState:
         """Prepare for a scheduling decision at ``now_s`` and return self as the view."""
+        if self.pool is not None:
+            self.pool.boundary(now_s)  # arrived KV joins before the policy looks
         self.now_s = now_s
+        self.memory.new_plan()
         self.kv.reset(self.blocks.free_blocks)
-        waiting, status = self._waiting, self._records.status
+        waiting, status = self._waiting, self.records.status
         while waiting and status[waiting[0]] != WAITING:
             waiting.popleft()  # abandoned while queued (lazy removal)
         return self
 
     def waiting_ids(self) -> Iterator[int]:
         """Queued request ids, head first."""
-        status = self._records.status
+        status = self.records.status
         return (rid for rid in self._waiting if status[rid] == WAITING)
 
     def oldest_waiting_since_s(self) -> float:
         """When the head of the queue joined it (inf if empty)."""
         head = next(self.waiting_ids(), None)
-        return math.inf if head is None else float(self._records.enqueued_s[head])
+        return math.inf if head is None else float(self.records.enqueued_s[head])
 
     def tokens_to_prefill(self, rid: int) -> int:
-        """Tokens ``rid`` must compute before its next token (prompt + generated when queued)."""
+        """Tokens ``rid`` must compute before its next token (prompt + generated when queued,
+        less what it would find in the prefix cache)."""
         seq = self.running.get(rid)
         if seq is not None:
             return seq.target_tokens - seq.computed_tokens
-        return int(self._prompt[rid]) + int(self._records.generated_tokens[rid])
+        recompute = int(self._prompt[rid]) + int(self.records.generated_tokens[rid])
+        return recompute - self.memory.queued_cached_tokens(rid)
 
     def prefilling_ids(self) -> list[int]:
         """Running requests part-way through their prefill, oldest arrival first."""
@@ -149,6 +211,19 @@ class ReplicaState:
         seq = self.running.get(rid)
         return seq is not None and seq.phase == DECODE
 
+    def cached_prefix_blocks(self, rid: int) -> int:
+        """Leading blocks of ``rid``'s prompt cached here now (what a cache-aware router asks)."""
+        ask = getattr(self.memory, "cached_prefix_blocks", None)
+        return ask(rid) if ask is not None else 0
+
+    def prompt_tokens_of(self, rid: int) -> int:
+        """Prompt length of request ``rid``."""
+        return int(self._prompt[rid])
+
+    def output_tokens_of(self, rid: int) -> int:
+        """Output length of request ``rid``."""
+        return int(self._output[rid])
+
     # ------------------------------------------------------------------ ledger source
     def free_blocks_now(self) -> int:
         """Free KV blocks."""
@@ -156,45 +231,33 @@ class ReplicaState:
 
     def admission_blocks(self, rid: int, tokens: int) -> int:
         """Blocks a queued request takes to start computing ``tokens`` tokens."""
-        if self._reserve is not None:
-            return self.blocks.blocks_for(int(self._prompt[rid]) + self._reserve)
-        if self._whole_prompt:
-            return self.blocks.blocks_for(self.tokens_to_prefill(rid))
-        return self.blocks.blocks_for(tokens)
+        return self.memory.admission_blocks(rid, tokens)
 
     def extension_blocks(self, rid: int, tokens: int) -> int:
         """More blocks running request ``rid`` needs to compute ``tokens`` more tokens."""
-        if self._reserve is not None:
-            return 0
-        seq = self.running[rid]
-        return max(0, self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks)
+        return self.memory.extension_blocks(self.running[rid], tokens)
 
     def decode_blocks_needed(self, steps: int = 1) -> int:
         """New blocks the next ``steps`` decode steps need (each request stops at its last token)."""
-        if self._reserve is not None:
-            return 0
-        return self.decoders.blocks_needed() if steps == 1 else self.decoders.blocks_needed_over(steps)
+        if self.speculation is not None:
+            return self.speculation.blocks_needed(self, steps)
+        return self.memory.decode_blocks_needed(steps)
 
     def held_blocks(self, rid: int) -> int:
-        """Blocks running request ``rid`` holds now."""
-        seq = self.running[rid]
-        if seq.phase == DECODE and self._reserve is None:
-            return self.decoders.cached_blocks(seq)
-        return seq.blocks
+        """Blocks that become free if running request ``rid`` is preempted now."""
+        return self.memory.freed_by_preempting(self.running[rid])
 
     def decode_growth_blocks(self, rid: int, steps: int = 1) -> int:
         """New blocks running request ``rid`` needs over the next ``steps`` decode steps."""
         seq = self.running[rid]
-        if self._reserve is not None or seq.phase != DECODE:
-            return 0
-        if steps == 1:
-            return int(self.decoders.crosses_next(seq))
-        return self.decoders.growth_blocks(seq, steps)
+        if self.speculation is not None:
+            return self.speculation.growth_blocks(self, seq, steps)
+        return self.memory.decode_growth_blocks(seq, steps)
 
     # ------------------------------------------------------------------ engine API
     def enqueue(self, rid: int, now_s: float) -> None:
         """A request (re)sent to this replica joins the back of the queue."""
-        records = self._records
+        records = self.records
         records.status[rid] = WAITING
         records.replica[rid] = self.index
         records.enqueued_s[rid] = now_s
@@ -207,7 +270,7 @@ class ReplicaState:
 
         A running request is removed, and its KV freed, at the end of the current pass.
         """
-        records = self._records
+        records = self.records
         status = records.status[rid]
         records.status[rid] = TIMED_OUT
         records.completion_s[rid] = now_s
@@ -216,47 +279,61 @@ class ReplicaState:
             self.outstanding_tokens -= int(self._prompt[rid]) + int(self._output[rid])
             if self._last_event_s:
                 self._last_event_s.pop(rid, None)
+            self.memory.forget_queued(rid)
         elif status == RUNNING:
             self._cancelled.append(rid)
 
     def begin(self, plan: IterationPlan, now_s: float) -> CostTotals:
-        """Apply a plan's preemptions, admissions and allocations; return the cost-model totals."""
+        """Apply a plan's preemptions, admissions and allocations; return the cost-model totals.
+
+        Joiners are admitted before anything is allocated, so that no allocation evicts a
+        prefix-cache hit a later joiner was promised when the plan was made.
+        """
         if plan.preempt:
             self._preempt(plan.preempt, now_s)
         if plan.prefill:
-            self._prepare_prefills(plan.prefill, now_s)
+            self._admit_joiners(plan.prefill, now_s)
+        verify = None
         if plan.decode:
-            decoders = self.decoders
-            if self._reserve is None:
-                needed = decoders.blocks_needed()
-                if needed:  # most decode steps cross no block boundary
-                    self.blocks.allocate(needed)
-            decodes, kv_tokens = decoders.count, decoders.kv_tokens  # admissions below do not decode yet
+            if self.speculation is not None:
+                verify = self.speculation.begin(self, plan)
+                decodes = kv_tokens = 0
+            else:
+                self.memory.grow_decode()
+                decodes, kv_tokens = self.decoders.count, self.decoders.kv_tokens
         else:
             decodes = kv_tokens = 0
         prefill_tokens = 0
         attention_work = 0.0
         self.prefill_context_tokens = 0
         if plan.prefill:
-            prefill_tokens, attention_work = self._begin_prefills(plan.prefill, now_s)
+            prefill_tokens, attention_work = self._begin_prefills(plan.prefill)
+        pieces = len(plan.prefill)
+        if verify is not None:  # verification pieces go through the prefill terms
+            prefill_tokens += verify[0]
+            pieces += verify[1]
+            attention_work += verify[2]
+            self.prefill_context_tokens += verify[3]
         if plan.charge_idle_slots:
             decodes += self.idle_slots
             kv_tokens += self.idle_slot_kv_tokens
-        return prefill_tokens, len(plan.prefill), attention_work, decodes, kv_tokens
+        return prefill_tokens, pieces, attention_work, decodes, kv_tokens
 
-    def _prepare_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> None:
-        """Hook before any block of a pass is allocated (prefix caching admits joiners here)."""
+    def _admit_joiners(self, pieces: list[tuple[int, int]], now_s: float) -> None:
+        """Admit this pass's joiners (each takes its cache hits), then grant what they take up front."""
+        running = self.running
+        joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
+        if joiners:
+            self.memory.grant(joiners)
 
-    def _begin_prefills(self, pieces: list[tuple[int, int]], now_s: float) -> tuple[int, float]:
-        """Admit joiners, allocate the pieces' blocks; return (prefill tokens, attention work)."""
+    def _begin_prefills(self, pieces: list[tuple[int, int]]) -> tuple[int, float]:
+        """Allocate the pieces' blocks; return (prefill tokens, attention work)."""
         prefill_tokens = 0
         attention_work = 0.0
+        running, grow = self.running, self.memory.grow_prefill
         for rid, tokens in pieces:
-            seq = self.running[rid] if rid in self.running else self._admit(rid, now_s)
-            if self._reserve is None:
-                grow = max(0, self.blocks.blocks_for(seq.computed_tokens + tokens) - seq.blocks)
-                self.blocks.allocate(grow)
-                seq.blocks += grow
+            seq = running[rid]
+            grow(seq, tokens)
             attention_work += tokens * (seq.computed_tokens + tokens / 2)
             self.prefill_context_tokens += seq.computed_tokens  # cached KV this piece reads (MBU)
             seq.computed_tokens += tokens
@@ -269,10 +346,14 @@ class ReplicaState:
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
         """Credit the pass that just ended at ``now_s``; return the requests it completed."""
+        if plan.prefill:
+            self.memory.pass_ended(plan.prefill, self.running)
         completed: list[int] = []
         finished = _NOTHING
         if plan.decode:
             decoders = self.decoders
+            if self.speculation is not None:
+                self.speculation.end(self)  # rejected positions' blocks back, accepted tokens credited
             self.outstanding_tokens -= decoders.count
             if self._cancelled:  # a cancelled request gets no tokens: the stream event waits for it to go
                 finished = decoders.advance()
@@ -295,23 +376,22 @@ class ReplicaState:
 
     def repeatable_decodes(self) -> int:
         """How many more times in a row the pure decode pass just begun may be repeated (ended
-        early and begun again, as a steady policy would plan it), as far as finishing members
-        and cancellations go (paged memory: each repeat's new blocks must also fit within
-        :meth:`span_free_blocks`; see ``DecodeGroup.block_need_cycle``)."""
+        early and begun again, as a steady policy would plan it), as far as finishing members,
+        cancellations and the memory model go (paged memory: each repeat's new blocks must also
+        fit within :meth:`span_free_blocks`; see ``DecodeGroup.block_need_cycle``)."""
         decoders = self.decoders
-        if self._cancelled or not decoders.count:
+        if self._cancelled or not decoders.count or not self.memory.repeats_allowed():
             return 0
         return max(0, decoders.steps_before_finish())
 
     def span_free_blocks(self) -> int:
-        """Free blocks the repeats of a merged decode span may take (paged memory): all of them here;
-        a subclass whose policy could see an allocation's side effects offers fewer."""
-        return self.blocks.free_blocks
+        """Free blocks the repeats of a merged decode span may take (paged memory)."""
+        return self.memory.span_free_blocks()
 
     @property
     def grows_per_step(self) -> bool:
         """Whether decode steps allocate blocks as they go (paged memory), not from a reservation."""
-        return self._reserve is None
+        return self.memory.grows_per_step
 
     def repeat_decodes(self, ends: list[float], new_blocks: int) -> None:
         """``repeat_decode`` once per end time in ``ends`` (the passes ended early), at once:
@@ -339,9 +419,7 @@ class ReplicaState:
         self._block_tokens += decoders.count
         for seq in decoders.advance():
             self._park(seq)
-        needed = decoders.blocks_needed()
-        if needed:
-            self.blocks.allocate(needed)
+        self.memory.grow_decode()
         seqs = decoders.count + self.idle_slots
         return 0, 0, 0.0, seqs, decoders.kv_tokens + self.idle_slot_kv_tokens
 
@@ -367,7 +445,7 @@ class ReplicaState:
         return completed
 
     def _park(self, seq: Seq) -> None:
-        seq.blocks = self.decoders.cached_blocks(seq)
+        seq.blocks = self.memory.held(seq)
         seq.last_event_s = self.decoders.last_event_s(seq)
         self._leave_phase(seq)
         seq.phase = IDLE_SLOT
@@ -377,16 +455,18 @@ class ReplicaState:
 
     def _unpark(self, now_s: float, completed: list[int]) -> None:
         """Complete the parked requests at the block's end (abandoned ones just leave)."""
-        records = self._records
+        records = self.records
         gaps: dict[float, int] = {}  # by when they last got tokens (mostly one entry)
         for seq in self._parked:
+            why = Leaving.CANCELLED
             if records.status[seq.rid] == RUNNING:
                 records.status[seq.rid] = COMPLETED
                 records.completion_s[seq.rid] = now_s
                 completed.append(seq.rid)
                 gaps[seq.last_event_s] = gaps.get(seq.last_event_s, 0) + 1
+                why = Leaving.COMPLETED
             records.generated_tokens[seq.rid] = seq.output_tokens
-            self._remove(seq)
+            self._remove(seq, why)
         for last_s, count in gaps.items():
             self._itl_add(now_s - last_s, count)
         self._parked.clear()
@@ -401,7 +481,7 @@ class ReplicaState:
         self.waiting_count += delta
 
     def _admit(self, rid: int, now_s: float) -> Seq:
-        records = self._records
+        records = self.records
         if records.status[rid] != WAITING:
             raise RuntimeError(f"policy admitted request {rid}, which is not waiting")
         waiting = self._waiting
@@ -421,22 +501,31 @@ class ReplicaState:
             int(self._output[rid]),
             int(records.generated_tokens[rid]),
         )
-        if self._reserve is not None:
-            seq.blocks = self.blocks.blocks_for(seq.prompt_tokens + self._reserve)
-            self.blocks.allocate(seq.blocks)
-        elif self._whole_prompt:
-            seq.blocks = self.blocks.blocks_for(seq.target_tokens)
-            self.blocks.allocate(seq.blocks)
-        self.running[rid] = seq
-        insort(self._order, key)
+        self.outstanding_tokens -= self.memory.admit(seq)  # tokens served from the prefix cache
+        self._insert(seq)
         insort(self._prefilling, seq, key=_seq_key)
         return seq
 
+    def _insert(self, seq: Seq) -> None:
+        self.running[seq.rid] = seq
+        insort(self._order, seq.key)
+
+    def join_decoding(self, seq: Seq, last_event_s: float) -> None:
+        """A request whose prompt KV arrived from elsewhere (its first token already out at
+        ``last_event_s``) joins the decode group; its blocks were taken for it beforehand."""
+        self.records.replica[seq.rid] = self.index
+        self._insert(seq)
+        self.outstanding_tokens += seq.output_tokens - 1
+        self.decoders.add(seq, last_event_s)  # its next inter-token gap counts from its first token
+
     def _emit_prefill_token(self, seq: Seq, now_s: float, completed: list[int]) -> None:
+        if self.pool is not None and self.pool.hands_off(seq):
+            self.pool.hand_off(self, seq, now_s)
+            return
         self.outstanding_tokens -= 1
         generated = seq.target_tokens - seq.prompt_tokens + 1
         if generated == 1:
-            self._records.first_token_s[seq.rid] = now_s
+            self.records.first_token_s[seq.rid] = now_s
         elif self._last_event_s:  # a re-prefill after preemption: the stream resumes
             last_s = self._last_event_s.pop(seq.rid, None)
             if last_s is not None:
@@ -449,15 +538,15 @@ class ReplicaState:
 
     def _finish(self, seq: Seq, now_s: float, completed: list[int]) -> None:
         rid = seq.rid
-        records = self._records
+        records = self.records
         records.status[rid] = COMPLETED
         records.completion_s[rid] = now_s
         records.generated_tokens[rid] = seq.output_tokens
         completed.append(rid)
         if not self._holds_slots:
-            self._remove(seq)
+            self._remove(seq, Leaving.COMPLETED)
             return
-        seq.blocks = self._held(seq)
+        seq.blocks = self.memory.held(seq)
         self._leave_phase(seq)
         seq.phase = IDLE_SLOT
         self.idle_slots += 1
@@ -466,12 +555,12 @@ class ReplicaState:
     def _end_static_batch(self) -> None:
         for seq in list(self.running.values()):
             assert seq.phase == IDLE_SLOT, "static batch ended with a live sequence"
-            self._remove(seq)
+            self._remove(seq, Leaving.COMPLETED)
         self.idle_slots = 0
         self.idle_slot_kv_tokens = 0
 
     def _preempt(self, victims: list[int], now_s: float) -> None:
-        records = self._records
+        records = self.records
         seqs = [self.running[rid] for rid in victims]
         for seq in seqs:
             rid = seq.rid
@@ -480,7 +569,7 @@ class ReplicaState:
             records.generated_tokens[rid] = self._generated(seq)
             records.preemptions[rid] += 1
             self.outstanding_tokens += seq.prompt_tokens + seq.output_tokens - self._remaining(seq)
-            self._remove(seq)
+            self._remove(seq, Leaving.PREEMPTED)
             records.status[rid] = WAITING
             records.enqueued_s[rid] = now_s
             self._queue_changed(now_s, +1)
@@ -493,16 +582,20 @@ class ReplicaState:
             seq = self.running.get(rid)
             if seq is None or seq.phase == IDLE_SLOT:
                 continue
-            self._records.generated_tokens[rid] = self._generated(seq)
+            self.records.generated_tokens[rid] = self._generated(seq)
             self.outstanding_tokens -= self._remaining(seq)
-            self._remove(seq)
+            self._remove(seq, Leaving.CANCELLED)
             if self._last_event_s:
                 self._last_event_s.pop(rid, None)
         self._cancelled.clear()
 
-    def _remove(self, seq: Seq) -> None:
-        """Take a sequence out of the batch and free its blocks."""
-        self.blocks.release(self._held(seq))
+    def _remove(self, seq: Seq, why: Leaving) -> None:
+        """Take a sequence out of the batch and give its blocks back to the memory model."""
+        self.memory.release(seq, why)
+        self.detach(seq)
+
+    def detach(self, seq: Seq) -> None:
+        """Take a sequence out of the batch without touching its blocks (a pool hands it off)."""
         self._leave_phase(seq)
         del self.running[seq.rid]
         del self._order[bisect_left(self._order, seq.key)]
@@ -515,11 +608,6 @@ class ReplicaState:
         seq.phase = GONE
 
     # ------------------------------------------------------------------ per-sequence numbers
-    def _held(self, seq: Seq) -> int:
-        if seq.phase == DECODE and self._reserve is None:
-            return self.decoders.cached_blocks(seq)
-        return seq.blocks
-
     def _generated(self, seq: Seq) -> int:
         if seq.phase == DECODE:
             return self.decoders.generated(seq)
@@ -543,17 +631,11 @@ class ReplicaState:
             AssertionError: blocks over capacity, blocks not matching the sequences holding
                 them, a sequence without room for its cached tokens, or a drifting sum.
         """
-        blocks, decoders, seqs = self.blocks, self.decoders, self.running.values()
-        held = sum(self._held(seq) for seq in seqs)
-        assert 0 <= blocks.used_blocks <= blocks.total_blocks, "KV over capacity"
-        assert held == blocks.used_blocks + blocks.shared_surplus, (  # shared blocks count once per holder
-            f"requests hold {held} blocks, allocator {blocks.used_blocks} (+{blocks.shared_surplus} shared)"
-        )
-        for seq in seqs:
-            cached = decoders.context(seq) - 1 if seq.phase == DECODE else seq.computed_tokens
-            assert blocks.blocks_for(cached) <= self._held(seq), (
-                f"request {seq.rid} lacks KV blocks"
-            )
+        decoders, seqs = self.decoders, list(self.running.values())
+        if self.pool is None:
+            self.memory.audit(seqs)
+        else:  # blocks of transfers in flight belong to no running request
+            self.pool.audit_memory(self, seqs)
         decoding = [seq for seq in seqs if seq.phase == DECODE]
         assert decoders.count == len(decoding), "decode group size drifted"
         assert decoders.kv_tokens == sum(decoders.context(s) for s in decoding), "decode KV drifted"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import Any, Protocol
+from typing import Any
 
 import simpy
 
@@ -36,20 +36,8 @@ from sim.policies.base import IterationPlan, Policy
 from sim.serving.clock import delay_until
 from sim.serving.cpu_time import EngineCPUTime
 from sim.serving.merge import MAX_AHEAD_PASSES, decode_span, pass_delays
+from sim.serving.pricing import CostModelLike
 from sim.serving.state import CostTotals, ReplicaState
-
-
-class CostModelLike(Protocol):
-    """The one cost-model call the engine makes (see sim.hardware.cost_model)."""
-
-    def time_from_totals_s(
-        self,
-        num_prefill_tokens: int,
-        num_prefill_seqs: int,
-        prefill_attn_work: float,
-        num_decode_seqs: int,
-        decode_kv_tokens: int,
-    ) -> float: ...
 
 
 class Worker:
