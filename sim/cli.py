@@ -286,12 +286,13 @@ def cmd_traces_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_traces_convert(args: argparse.Namespace) -> int:
-    """Convert a local AzurePublicDataset CSV."""
+    """Convert a local AzurePublicDataset CSV (DST is checked before SRC is read; only a new path or a
+    regular file is replaced)."""
+    from sim.io.safe_paths import check_target, require_input_file
     from sim.workload.traces import convert_azure_trace
 
-    src = Path(args.src)
-    if not src.is_file():
-        raise UserError(f"trace file not found: {src}")
+    src = require_input_file(args.src, "trace file", field="src")
+    check_target(args.dst, field="dst")
     rows = convert_azure_trace(src, Path(args.dst))
     print(f"wrote {rows} requests to {args.dst}")
     return 0

@@ -17,6 +17,7 @@ import pytest
 import sim
 from sim.cli import main
 from sim.io import outputs
+from sim.io import siblings as sibling_names
 from sim.progress import RunProgress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,6 +166,7 @@ KILLER = """
 import os, signal, sys
 import sim
 from sim.io import outputs
+from sim.io import siblings as sibling_names
 
 target, seed, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 result = sim.run(sim.load_scenario({quick!r}, {{"workload.requests": 30, "seed": seed}}))
@@ -240,8 +242,8 @@ def test_only_leftovers_of_dead_writers_on_this_host_are_removed(tmp_path: Path,
     target = tmp_path / "res"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     names = {
-        "dead": f".res.tmp-{int(dead.stdout)}@{outputs._HOST}-abcd1234",
-        "alive": f".res.tmp-{os.getppid()}@{outputs._HOST}-abcd1234",
+        "dead": f".res.tmp-{int(dead.stdout)}@{sibling_names.HOST}-abcd1234",
+        "alive": f".res.tmp-{os.getppid()}@{sibling_names.HOST}-abcd1234",
         "other host": f".res.tmp-{int(dead.stdout)}@00000000-abcd1234",
         "not ours": ".res.tmp-notes",
     }

@@ -177,7 +177,7 @@ def test_killed_sweep_with_threads_leaves_no_process_behind(tmp_path: Path) -> N
         if __name__ == "__main__":
             threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
             sweep(scenario_from_dict(SCENARIO), {{"workload.arrival.rate": list(range(1, 40))}},
-                  workers=2, out={str(tmp_path)!r})
+                  workers=2, out={str(tmp_path / "out")!r})
     """)
     (tmp_path / "threaded.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
@@ -187,9 +187,9 @@ def test_killed_sweep_with_threads_leaves_no_process_behind(tmp_path: Path) -> N
 
     def working() -> bool:
         started.update(children(process.pid))
-        return rows_written(tmp_path / "sweep.csv") >= 2
+        return rows_written(tmp_path / "out" / "sweep.csv") >= 2
 
-    try:
+    try:  # out/, not tmp_path: a folder holding threaded.py is the user's, which a sweep refuses
         assert wait_until(working, 60) and len(started) >= 2, "the sweep did not get going"
         process.kill()
         process.wait(timeout=10)

@@ -315,11 +315,13 @@ def _roofline_fit_errors(profiles: ProfileSet) -> dict:
 
 
 def write_yaml(data: dict, path: str | Path) -> Path:
-    """Write ``data`` as compact YAML (flow-style number lists) and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``data`` as compact YAML (flow-style number lists) and return the path.
+
+    Through :func:`sim.io.safe_write.write_text`: atomic, and only over a new path or a regular file.
+    """
+    from sim.io.safe_write import write_text
+
     text = yaml.safe_dump(
         data, sort_keys=False, default_flow_style=None, width=110, allow_unicode=True
     )
-    path.write_text(text)
-    return path
+    return write_text(path, text)

@@ -101,12 +101,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_out_file(out: Path) -> None:
-    """Refuse an --out that is a folder or sits under a file, before fitting anything."""
-    if out.is_dir():
-        raise UserError(f"--out = '{out}': is a folder; give the calibration file's path (a .yaml file)", field="out")
-    for parent in out.parents:
-        if parent.exists() and not parent.is_dir():
-            raise UserError(f"--out = '{out}': '{parent}' is a file, not a folder", field="out")
+    """Refuse an --out that is not a new path or a regular file (a folder, a device, a path under
+    a file, ...: :func:`sim.io.safe_paths.check_target`), before fitting anything."""
+    from sim.io.safe_paths import check_target
+
+    check_target(out, field="out")
 
 
 def _calibrate_one(

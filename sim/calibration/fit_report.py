@@ -33,6 +33,7 @@ from sim.calibration.profiles import (  # noqa: E402
 from sim.hardware import scaling  # noqa: E402
 from sim.hardware.catalog import GPUS, GPUSpec, get_model  # noqa: E402
 from sim.hardware.curves import PiecewiseLinear, Values  # noqa: E402
+from sim.io.safe_write import atomic_file, write_text  # noqa: E402
 
 # Decode batches (sequences, context tokens each) at which the share of transferred
 # attention in a step is reported for GPUs without an attention profile.
@@ -72,7 +73,6 @@ def calibration_report(
         (markdown text, markdown path, PNG path).
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     gpu = profiles.gpu
     stem = f"{model}_{gpu}_tp{tp}_fit"
     results = holdout.component_holdouts(profiles, get_model(model), tp)
@@ -104,7 +104,7 @@ def calibration_report(
     ]
     text = "\n".join(lines)
     md = out_dir / f"{stem}.md"
-    md.write_text(text)
+    write_text(md, text, field="report-dir")
     return text, md, png
 
 
@@ -148,7 +148,8 @@ def _plot_calibration(
         f"medians (points)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with atomic_file(path, field="report-dir") as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
 
 
@@ -280,7 +281,6 @@ def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Pat
     them (target 8%, the per-GPU target of the GPU issue).
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     gpu = GPUS[profiles.gpu]
     reference = gpu.name == "a100-80gb"
     tables = profiles.all_mlp(extra=not reference)
@@ -309,7 +309,7 @@ def transfer_report(profiles: ProfileSet, out_dir: str | Path) -> tuple[str, Pat
     lines += ["", f"![measured vs transferred]({png.name})", "", f"Source: {licence(gpu.name)}.", ""]
     text = "\n".join(lines)
     md = out_dir / f"{stem}.md"
-    md.write_text(text)
+    write_text(md, text, field="report-dir")
     return text, md, png
 
 
@@ -338,5 +338,6 @@ def _plot_transfer(tables: dict, gpu: GPUSpec, path: Path) -> None:
         "from the other profiled models (lines)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with atomic_file(path, field="report-dir") as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)

@@ -1,12 +1,15 @@
 """Writing a RunData to disk: atomically, and never over files batchsim did not write.
 
-Replacement rule: an output folder that already exists is replaced only when it is empty or
-is a batchsim output folder: every entry is a regular file named in :data:`RESULT_FILES`
-(the one allow-list; :data:`KNOWN_OUTPUTS` holds it and the capacity folder's) and
-``scenario.resolved.yaml`` holds a ``batchsim_version`` key. Anything else (a file, a path
-under a file, an unwritable parent, a folder holding other files, the current folder or one
-of its parents) is a :class:`~sim.errors.UserError` that names the path and the reason;
-:func:`check_output_dir` applies the rule before a run spends time simulating.
+Replacement rule, one for ``run``, ``sweep``, ``capacity`` and ``report``: an output folder
+that already exists is replaced only when it is empty or batchsim wrote it, as one of the
+:data:`KNOWN_OUTPUTS` (a run's, a sweep's or a capacity search's): every entry is a regular
+file that kind writes, and its marker file (``scenario.resolved.yaml``, ``sweep.json``,
+``batchsim.json``) holds a ``batchsim_version`` key. So any command may replace what any
+other wrote, and nothing else. Also refused: the current folder, the home folder and the
+batchsim repository or any of their parents, and every path :func:`~sim.io.safe_paths.check_target`
+refuses (over-long names, symlink loops, a path under a file, an unwritable parent, ...).
+:func:`check_output_dir` applies all of it before a command spends time simulating; an
+``OSError`` while saving (a full disk) is one UserError after the clean-up below.
 
 Save protocol, safe against SIGKILL at any instant:
 
@@ -25,8 +28,8 @@ Save protocol, safe against SIGKILL at any instant:
 
 So a kill leaves NAME holding the complete previous or the complete new result, never a mix
 (with the fallback, possibly for a moment as ``.NAME.old-*``), and the next save cleans up.
-Single files (``results/batching_speedup.*``) use :func:`atomic_file`: a temporary sibling
-file, then ``os.replace``, which is atomic for files.
+Single files (``results/batching_speedup.*``) use :func:`sim.io.safe_write.atomic_file`
+(re-exported here): a temporary sibling file, then ``os.replace``, which is atomic for files.
 """
 
 from __future__ import annotations
@@ -34,12 +37,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import hashlib
+import json
 import os
-import re
-import secrets
-import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -53,7 +52,10 @@ import yaml
 
 from sim.errors import UserError
 from sim.io.parquet import PARQUET_FILES, require_pyarrow, wants_parquet, write_records_parquet
+from sim.io.safe_paths import Target, check_target, shown
+from sim.io.safe_write import atomic_file, make_folders, remove_folders, write_error  # noqa: F401 (re-exported)
 from sim.io.scenario import resolved_yaml
+from sim.io.siblings import current_umask, old_name, remove_path, stale_siblings, tmp_prefix
 
 if TYPE_CHECKING:
     from sim.result import RunData
@@ -75,7 +77,8 @@ BENCHMARK_FILE = "benchmark.json"
 HTML_FILE = "report.html"
 RESULT_FILES = frozenset(
     {"summary.csv", "summary.md", "requests.csv", "iterations.csv", RESOLVED_YAML}
-    | {TRACE_FILE, BENCHMARK_FILE, HTML_FILE, *PLOTS} | PARQUET_FILES
+    | {TRACE_FILE, BENCHMARK_FILE, HTML_FILE, *PLOTS}
+    | PARQUET_FILES
 )
 
 
@@ -92,59 +95,78 @@ class OutputKind:
     Attributes:
         label: how error messages call it.
         files: every name batchsim writes into it; any other entry makes the folder foreign.
-        marker: a YAML file in it that must hold ``batchsim_version`` (None: names alone decide).
+        marker: a YAML (or JSON) file in it that must hold ``batchsim_version``.
     """
 
     label: str
     files: frozenset[str]
-    marker: str | None = None
+    marker: str
 
 
+MARKER_FILE = "batchsim.json"
+"""The marker of folders without a manifest of their own (capacity and split searches)."""
+SWEEP_PLOT_METRICS = ("ttft_p99_s", "e2e_mean_s")
+"""Summary columns a sweep plots against load, one ``latency_vs_load_<metric>.png`` each."""
 RUN_OUTPUT = OutputKind("batchsim results folder", RESULT_FILES, RESOLVED_YAML)
-CAPACITY_OUTPUT = OutputKind("batchsim capacity folder", frozenset({"capacity.csv", "capacity.md"}))
-KNOWN_OUTPUTS = (RUN_OUTPUT, CAPACITY_OUTPUT)
+SWEEP_OUTPUT = OutputKind(
+    "batchsim sweep folder",
+    frozenset({"sweep.csv", "sweep.json", "sweep.md"} | {f"latency_vs_load_{m}.png" for m in SWEEP_PLOT_METRICS}),
+    "sweep.json",
+)
+CAPACITY_OUTPUT = OutputKind(
+    "batchsim capacity folder",
+    frozenset({"capacity.csv", "capacity.md", "split.csv", "split.md", MARKER_FILE}),
+    MARKER_FILE,
+)
+KNOWN_OUTPUTS = (RUN_OUTPUT, SWEEP_OUTPUT, CAPACITY_OUTPUT)
 
-# .NAME.tmp-PID@HOST-RANDOM[.ext] or .NAME.old-PID@HOST-RANDOM; .NAME.old-PID as batchsim 0.1.0 named it.
-_SIBLING = (r"\.{name}\.(?:(?P<kind>tmp|old)-(?P<pid>\d+)@(?P<host>[0-9a-f]{{8}})-[a-z0-9_]+(?:\.[a-z]+)?"
-            r"|old-(?P<legacy>\d+))")
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
 # --------------------------------------------------------------------------- checks
-def check_output_dir(path: str | Path, kinds: Iterable[OutputKind] = (RUN_OUTPUT,)) -> None:
+def check_output_dir(path: str | Path, kinds: Iterable[OutputKind] = KNOWN_OUTPUTS, *, field: str = "out") -> Target:
     """Raise UserError unless ``path`` can be created, or replaced under the rule above.
 
     Cheap and side-effect free (a probe folder is made and removed): call it before simulating.
+
+    Returns:
+        The checked folder; its ``missing`` parents are what a save would create.
     """
+    checked = check_target(path, field=field, folder=True)  # names, lengths, loops, parents, permissions
     target = Path(path).resolve()
-    cwd = Path.cwd().resolve()
-    if target == cwd or target in cwd.parents:
-        raise UserError(f"output folder {path}: is the current folder or one of its parents; "
-                        "batchsim replaces its output folder as a whole, so name a folder inside it")
-    if target.exists() and not target.is_dir():
-        raise UserError(f"output folder {path}: is a file, not a folder")
-    ancestor = target.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise UserError(f"output folder {path}: {ancestor} is a file, not a folder")
-    _check_writable(ancestor, target, path)
+    for protected, what in _protected_folders():
+        if target == protected or target in protected.parents:
+            raise UserError(f"{shown(path)}: is {what} or one of its parents; batchsim replaces its output "
+                            "folder as a whole, so name a folder inside it", field=field)  # fmt: skip
+    if target.parent.is_dir():
+        _probe_writable(target, path, field)
     reason = foreign_reason(target, tuple(kinds)) if target.is_dir() else None
     if reason:
-        raise UserError(f"output folder {path}: {reason}; batchsim only replaces a folder it wrote "
-                        "itself (or an empty one): choose another folder or move those files away")
+        raise UserError(f"{shown(path)}: {reason}; batchsim only replaces a folder it wrote itself (or an "
+                        "empty one): choose another folder or move those files away", field=field)  # fmt: skip
+    return checked
 
 
-def _check_writable(ancestor: Path, target: Path, shown: str | Path) -> None:
-    if ancestor != target.parent:  # parents still to create: a probe would have to create them
-        if not os.access(ancestor, os.W_OK | os.X_OK):
-            raise UserError(f"output folder {shown}: cannot create it, {ancestor} is not writable")
-        return
-    try:  # a real probe: os.access ignores read-only mounts and answers yes to root
-        os.rmdir(tempfile.mkdtemp(prefix=_tmp_prefix(target), dir=ancestor))
+def _protected_folders() -> list[tuple[Path, str]]:
+    """Folders an output must never replace (nor any of their parents), with how errors name them."""
+    folders = [
+        (Path.cwd().resolve(), "the current folder"),
+        (Path(__file__).resolve().parents[2], "the batchsim repository"),
+    ]  # the folder holding sim/
+    try:
+        folders.append((Path.home().resolve(), "your home folder"))
+    except (RuntimeError, KeyError):  # no HOME and no password entry: nothing to protect
+        pass
+    return folders
+
+
+def _probe_writable(target: Path, shown_as: str | Path, field: str) -> None:
+    try:  # a real probe: os.access ignores some mounts and answers yes to root
+        os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(target), dir=target.parent))
     except OSError as exc:
-        raise UserError(f"output folder {shown}: cannot write in {ancestor} ({exc.strerror})") from None
+        raise UserError(f"{shown(shown_as)}: cannot write in {shown(target.parent)} ({exc.strerror})",
+                        field=field) from None  # fmt: skip
 
 
 def foreign_reason(folder: Path, kinds: tuple[OutputKind, ...] = KNOWN_OUTPUTS) -> str | None:
@@ -156,83 +178,95 @@ def foreign_reason(folder: Path, kinds: tuple[OutputKind, ...] = KNOWN_OUTPUTS) 
         return f"cannot be read ({exc.strerror})"
     if not entries:
         return None
-    reasons = [_mismatch(folder, entries, kind) for kind in kinds]
-    return None if None in reasons else reasons[0]
+    if any(_is_of_kind(folder, entries, kind) for kind in kinds):
+        return None
+    unknown = [e.name for e in entries if not e.is_file(follow_symlinks=False) or not _known(e.name, kinds)]
+    if unknown:
+        return f"holds {_listed(unknown)}, not written by batchsim"
+    for kind in kinds:
+        if all(e.name in kind.files for e in entries):
+            return f"is not a {kind.label} (no {kind.marker} with batchsim_version)"
+    return f"mixes the files of several kinds of batchsim output ({_listed([e.name for e in entries])})"
 
 
-def _mismatch(folder: Path, entries: list[os.DirEntry], kind: OutputKind) -> str | None:
-    foreign = [e.name for e in entries if e.name not in kind.files or not e.is_file(follow_symlinks=False)]
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        return f"holds {shown}, not written by batchsim"
-    if kind.marker and not _has_version(folder / kind.marker):
-        return f"is not a {kind.label} (no {kind.marker} with batchsim_version)"
-    return None
+def _is_of_kind(folder: Path, entries: list[os.DirEntry], kind: OutputKind) -> bool:
+    names_fit = all(e.name in kind.files and e.is_file(follow_symlinks=False) for e in entries)
+    return names_fit and _has_version(folder / kind.marker)
+
+
+def _known(name: str, kinds: tuple[OutputKind, ...]) -> bool:
+    return any(name in kind.files for kind in kinds)
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _has_version(path: Path) -> bool:
-    try:
+    try:  # YAML reads the JSON markers too
         document = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(document, dict) and "batchsim_version" in document
 
 
+def write_marker(folder: Path, command: str, **facts: object) -> None:
+    """``batchsim.json``: marks ``folder`` as written by ``command`` (see :data:`CAPACITY_OUTPUT`)."""
+    from sim.version import __version__
+
+    document = {"batchsim_version": __version__, "command": command, **facts}
+    (folder / MARKER_FILE).write_text(json.dumps(document, indent=1, sort_keys=True, default=str) + "\n")
+
+
 # --------------------------------------------------------------------------- atomic replacement
 @contextmanager
-def atomic_folder(out_dir: Path, kinds: Iterable[OutputKind] = KNOWN_OUTPUTS) -> Iterator[Path]:
+def atomic_folder(out_dir: Path, kinds: Iterable[OutputKind] = KNOWN_OUTPUTS, *, field: str = "out") -> Iterator[Path]:
     """Yield a temporary folder that replaces ``out_dir`` only if the block succeeds.
 
     Raises:
-        UserError: ``out_dir`` exists and is not empty nor of one of ``kinds`` (see module docstring).
+        UserError: ``out_dir`` is refused by :func:`check_output_dir`, or an ``OSError`` while
+            writing or swapping (a full disk): nothing is left behind then, not even created parents.
     """
     kinds = tuple(kinds)
+    missing = check_output_dir(out_dir, kinds, field=field).missing
     target = Path(out_dir).resolve()
-    check_output_dir(out_dir, kinds)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _recover_and_clean(target, kinds)
-    check_output_dir(out_dir, kinds)  # a recovered folder must pass too
-    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), dir=target.parent))
+    made: list[Path] = []
+    tmp: Path | None = None
     try:
+        made = make_folders(missing)
+        _recover_and_clean(target, kinds)
+        check_output_dir(out_dir, kinds, field=field)  # a recovered folder must pass too
+        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(target), dir=target.parent))
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         _swap_into_place(tmp, target)
-    finally:
-        _remove(tmp)  # the failed attempt, or the previous folder after an exchange; no-op after a rename
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
-    """Yield a temporary sibling path that replaces ``path`` (one file) if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _recover_and_clean(path, ())
-    handle, name = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=path.suffix, dir=path.parent)
-    os.close(handle)
-    try:
-        yield Path(name)
-        os.chmod(name, 0o666 & ~_umask())
-        os.replace(name, path)
-    finally:
-        _remove(Path(name))
+    except BaseException as exc:
+        if tmp is not None:
+            remove_path(tmp)
+        remove_folders(made)
+        if isinstance(exc, OSError):
+            raise write_error(exc, out_dir, field) from None
+        raise
+    remove_path(tmp)  # the previous folder after an exchange; no-op after a rename
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:
     if not target.exists():  # rename also replaces an empty folder created meanwhile
         os.rename(tmp, target)
     elif not _exchange(tmp, target):
-        old = target.with_name(f".{target.name}.old-{_owner()}-{secrets.token_hex(4)}")
+        old = old_name(target)
         os.rename(target, old)
         try:
             os.rename(tmp, target)
         except OSError:
             os.rename(old, target)
             raise
-        _remove(old)
+        remove_path(old)
 
 
 def _recover_and_clean(target: Path, kinds: tuple[OutputKind, ...]) -> None:
     """Restore a previous result stranded by a kill mid-swap, then delete dead writers' leftovers."""
-    stale = _stale_siblings(target)
+    stale = stale_siblings(target)
     if kinds and not os.path.lexists(target):
         stranded = [p for kind, p in stale if kind == "old" and p.is_dir() and foreign_reason(p, kinds) is None]
         if stranded:
@@ -240,35 +274,7 @@ def _recover_and_clean(target: Path, kinds: tuple[OutputKind, ...]) -> None:
             os.rename(newest, target)
             stale = [(kind, p) for kind, p in stale if p != newest]
     for _, leftover in stale:
-        _remove(leftover)
-
-
-def _stale_siblings(target: Path) -> list[tuple[str, Path]]:
-    """(tmp|old, path) of siblings written for ``target`` by processes of this host that are gone.
-
-    Rule: the writer's pid and host are in the name, and only a pid that no longer exists on
-    this host counts as gone; a live pid (even a reused one) or another host keeps its folder,
-    so a concurrent run's work in progress is never deleted.
-    """
-    pattern = re.compile(_SIBLING.format(name=re.escape(target.name)))
-    found = []
-    for entry in target.parent.iterdir():
-        match = pattern.fullmatch(entry.name)
-        if match and (match["host"] or _HOST) == _HOST and not _pid_alive(int(match["pid"] or match["legacy"])):
-            found.append((match["kind"] or "old", entry))
-    return found
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid() or os.name == "nt":  # Windows os.kill would terminate the process: assume alive
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: exists, owned by someone else
-        return True
-    return True
+        remove_path(leftover)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -297,30 +303,6 @@ def _renameat2() -> Callable[..., int] | None:
     return func
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        path.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it; set straight back
-    os.umask(mask)
-    return mask
-
-
-_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _owner() -> str:
-    return f"{os.getpid()}@{_HOST}"  # read at each call: a forked worker has its own pid
-
-
-def _tmp_prefix(target: Path) -> str:
-    return f".{target.name}.tmp-{_owner()}-"
-
-
 # --------------------------------------------------------------------------- writing a result
 def save_result(
     result: RunData,
@@ -335,11 +317,12 @@ def save_result(
     (and ``trace.json`` with ``trace_events``, ``benchmark.json`` with ``json``, ``report.html`` with ``html``).
 
     Raises:
-        UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write.
+        UserError: ``out_dir`` is a file, or a folder holding files batchsim did not write, or the
+            save failed (a full disk): then nothing of it is left behind.
     """
     if wants_parquet(result.scenario, summary_only=result.summary_only):
         require_pyarrow()  # before the folder is touched: a missing pyarrow leaves nothing half-written
-    with atomic_folder(out_dir, (RUN_OUTPUT,)) as tmp:
+    with atomic_folder(out_dir) as tmp:
         write_tables(result, tmp)
         if plots and not result.summary_only:
             write_plots(result, tmp)
@@ -418,10 +401,12 @@ def deployment_text(gpu: str, tensor_parallel: int, replicas: int) -> str:
 def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
     facts, scenario = result.facts, result.scenario
     head = f"# {scenario.name}\n\n"
-    head += (f"{facts['requests']} requests, seed {result.seed}, {facts['model_hf_name']} on "
-             f"{deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)}, "
-             f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
-             f"{facts['cost_model']}.\n\n")
+    head += (
+        f"{facts['requests']} requests, seed {result.seed}, {facts['model_hf_name']} on "
+        f"{deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)}, "
+        f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
+        f"{facts['cost_model']}.\n\n"
+    )
     return head + render(result.summary) + "\n"
 
 

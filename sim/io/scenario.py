@@ -16,6 +16,7 @@ import yaml
 from sim.config import Scenario
 from sim.config.overrides import with_overrides
 from sim.errors import UserError
+from sim.io.safe_paths import require_input_file
 
 if TYPE_CHECKING:
     from sim.result import RunData
@@ -32,9 +33,7 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     Raises:
         UserError: the file is missing, not YAML, or fails validation.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"scenario file not found: {path}")
+    path = require_input_file(path, "scenario file")  # a folder or a device is named as such, never read
     raw = parse_yaml(read_text_file(path), path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a scenario must be a YAML mapping, got {type(raw).__name__}")

@@ -22,6 +22,7 @@ import pandas as pd
 
 from sim.errors import MissingDataError
 from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
+from sim.io.safe_paths import check_target, require_input_folder
 from sim.io.scenario import load_scenario
 
 if TYPE_CHECKING:
@@ -84,6 +85,20 @@ EXTRA_REPORTS: dict[str, ExtraReport] = {
 report runs) and logs what it wrote or why it skipped."""
 
 
+def report_scenarios(scenarios_dir: Path, out_dir: Path) -> list[Path]:
+    """The scenario files of ``scenarios_dir`` after checking both arguments of ``report``.
+
+    An existing folder without scenarios is allowed: the report then writes only its extra reports.
+
+    Raises:
+        UserError: a missing folder (a typo), a file given as one, or an ``out_dir`` that cannot
+            be a folder (see :func:`sim.io.safe_paths.check_target`).
+    """
+    require_input_folder(scenarios_dir, "scenarios folder", field="scenarios")
+    check_target(out_dir, field="out", folder=True)
+    return shipped_scenarios(scenarios_dir)
+
+
 def shipped_scenarios(folder: Path) -> list[Path]:
     """Top-level scenario files, then the seed-table cases, each group sorted by name."""
     return sorted(folder.glob("*.yaml")) + sorted((folder / SPEEDUP_FOLDER).glob("*.yaml"))
@@ -94,12 +109,17 @@ def regenerate_results(
     log: Callable[[str], None] = print, html: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """Run every shipped scenario, write its folder (with ``report.html`` when ``html``), then the
-    speedup table; returns summaries by scenario."""
+    speedup table; returns summaries by scenario.
+
+    Raises:
+        UserError: ``scenarios_dir`` is not a folder holding scenario files, ``out_dir`` cannot be a
+            folder, or a scenario or its output folder is refused; all checked before anything runs.
+    """
     from sim.runner import run
 
     summaries: dict[str, pd.DataFrame] = {}
     seed_table: dict[str, pd.DataFrame] = {}
-    scenarios = [(path, load_scenario(path)) for path in shipped_scenarios(scenarios_dir)]
+    scenarios = [(path, load_scenario(path)) for path in report_scenarios(scenarios_dir, out_dir)]
     for _, scenario in scenarios:
         check_output_dir(out_dir / scenario.name)
     for path, scenario in scenarios:

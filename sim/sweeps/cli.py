@@ -108,6 +108,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     Returns 1 when some runs failed (they are listed), else 0.
     """
+    from sim.io.safe_write import write_text
     from sim.sweeps.grid import parse_param_options
     from sim.sweeps.outputs import (
         failures,
@@ -142,7 +143,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return seen.exit_code(stop)
-    (out / "sweep.md").write_text(sweep_markdown(table, list(params), f"{scenario.name} sweep"))
+    write_text(out / "sweep.md", sweep_markdown(table, list(params), f"{scenario.name} sweep"))
     plots = [] if args.no_plots else write_sweep_plots(table, list(params), out)
     failed = failures(table, list(params))
     if not args.quiet and len(failed) < table["point"].nunique() * len(seeds):
@@ -198,14 +199,13 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """Search each policy's capacity, print the table, write capacity.csv/.md."""
-    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
+    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder, check_output_dir, write_marker
     from sim.sweeps.outputs import capacity_markdown, capacity_table
     from sim.sweeps.slo_capacity import capacity
-    from sim.sweeps.store import check_folder
 
     scenario, seeds = _load(args)
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
-    check_folder(out)  # a search can take minutes: say so before it starts, not after
+    check_output_dir(out)  # a search can take minutes: say so before it starts, not after
     if args.split_gpus is not None:
         from sim.sweeps.split_cli import run_split_search
 
@@ -231,6 +231,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     with atomic_folder(out) as tmp:
         report.to_csv(tmp / "capacity.csv", index=False, float_format=CSV_FLOAT_FORMAT)
         (tmp / "capacity.md").write_text(capacity_markdown(report, scenario.name))
+        write_marker(tmp, "capacity", scenario=scenario.name)
     if not args.quiet:
         print(
             f"{scenario.name}: {report['criterion'].iloc[0]}; tolerance {args.tolerance:.1%}, "

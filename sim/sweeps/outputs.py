@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.io.outputs import SWEEP_PLOT_METRICS
 from sim.report.tables import format_value, markdown_table
 from sim.sweeps.capacity_search import CHECK_FACTOR
 from sim.sweeps.grid import describe_point
@@ -29,8 +30,8 @@ SWEEP_METRICS = (
 )
 """Columns of the sweep summary table (means over seeds)."""
 
-PLOT_METRICS = ("ttft_p99_s", "e2e_mean_s")
-"""Latency-vs-load plots written for a sweep."""
+PLOT_METRICS = SWEEP_PLOT_METRICS
+"""Latency-vs-load plots written for a sweep (named where the sweep folder's files are listed)."""
 
 RATE_PATH = "workload.arrival.rate"
 
@@ -94,6 +95,7 @@ def _failures_markdown(table: pd.DataFrame, params: Sequence[str]) -> str:
 
 def write_sweep_plots(table: pd.DataFrame, params: Sequence[str], folder: Path) -> list[Path]:
     """Latency-vs-load PNGs (mean over seeds, min-max band); none if no parameter is numeric."""
+    from sim.io.safe_write import atomic_file
     from sim.report.plots import latency_vs_load, save_figure
 
     ok = table[table["error"] == ""]
@@ -104,7 +106,8 @@ def write_sweep_plots(table: pd.DataFrame, params: Sequence[str], folder: Path) 
     written = []
     for metric in PLOT_METRICS:
         path = folder / f"latency_vs_load_{metric}.png"
-        save_figure(latency_vs_load(frame, x=x, y=metric, by=by, seed_col="seed"), path)
+        with atomic_file(path) as tmp:
+            save_figure(latency_vs_load(frame, x=x, y=metric, by=by, seed_col="seed"), tmp)
         written.append(path)
     return written
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def run_split_search(args: argparse.Namespace, scenario: Scenario, seeds: list[int], out: Path) -> int:
     """Search every prefill:decode split of ``args.split_gpus`` GPUs; print it, write split.csv/.md."""
-    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder
+    from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder, write_marker
     from sim.sweeps.cli_common import parse_slo_options, sigterm_as_interrupt
     from sim.sweeps.slo_capacity import CapacitySpec
     from sim.sweeps.split import split_markdown, split_search
@@ -35,6 +35,7 @@ def run_split_search(args: argparse.Namespace, scenario: Scenario, seeds: list[i
     with atomic_folder(out) as tmp:
         table.to_csv(tmp / "split.csv", index=False, float_format=CSV_FLOAT_FORMAT)
         (tmp / "split.md").write_text(text)
+        write_marker(tmp, "capacity --split-gpus", scenario=scenario.name)
     if not args.quiet:
         print(text, end="")
         print(f"wrote {out}/ (split.csv, split.md)")

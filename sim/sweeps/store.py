@@ -6,8 +6,11 @@ descriptor, then fsync'ed, so a killed sweep leaves at worst a trailing partial 
 Floats are written in Python's shortest round-trip form and read back with
 ``float_precision="round_trip"``, so a resumed sweep returns the very same numbers.
 
-``sweep.json`` next to it records what the rows mean (base scenario, grid, seeds);
-``resume`` refuses a folder written by a different sweep instead of mixing results.
+``sweep.json`` next to it records what the rows mean (base scenario, grid, seeds) and the
+``batchsim_version`` that marks the folder as batchsim's (:data:`sim.io.outputs.SWEEP_OUTPUT`);
+``resume`` refuses a folder written by a different sweep instead of mixing results. A fresh
+sweep replaces its folder as a whole (:func:`sim.io.outputs.atomic_folder`: only an empty one
+or one batchsim wrote); every later write goes through :mod:`sim.io.safe_write`.
 On resume, the trailing partial line, points with missing rows and failed points are
 dropped (the file is rewritten atomically) and those points run again.
 
@@ -20,6 +23,7 @@ order. Two runs of one sweep thus write byte-identical files.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -30,6 +34,8 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import UserError
+from sim.io.outputs import atomic_folder, check_output_dir
+from sim.io.safe_write import write_error, write_text
 
 CSV_NAME = "sweep.csv"
 MANIFEST_NAME = "sweep.json"
@@ -64,20 +70,15 @@ def parse_rows(columns: Sequence[str], texts: Sequence[str]) -> pd.DataFrame:
 
 
 def check_folder(folder: Path) -> None:
-    """Raise :class:`UserError` unless ``folder`` is, or can be created as, a writable folder.
+    """Raise :class:`UserError` unless the sweep may write ``folder``.
 
-    Writes nothing, so a mistaken ``--out`` is reported before any simulation runs.
+    The rule of every output folder (:func:`sim.io.outputs.check_output_dir`): new, empty, or
+    written by batchsim (a sweep, a run, a capacity search), and never the current, home or
+    repository folder. A folder holding ``sweep.csv`` passes only as a sweep's (no other kind
+    writes that name), so ``--resume`` never appends to someone else's file. Writes nothing,
+    so a mistaken ``--out`` is reported before any simulation runs.
     """
-    folder = Path(folder)
-    existing = folder  # the folder itself, or the nearest part of its path that exists
-    while not os.path.lexists(existing):
-        existing = existing.parent
-    if existing == folder and not folder.is_dir():
-        raise UserError(f"out = '{folder}': exists and is not a folder; give a folder (--out DIR)")
-    if not existing.is_dir():
-        raise UserError(f"out = '{folder}': cannot create it, '{existing}' is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"out = '{folder}': cannot create or write it, '{existing}' is not writable")
+    check_output_dir(folder)
 
 
 def order_rows(columns: Sequence[str], texts: Sequence[str]) -> list[str]:
@@ -128,13 +129,16 @@ class SweepFile:
         if resume and self.path.exists():
             self._check_manifest()
             kept = self._recover(expected_rows)
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
             self._write_manifest(self.manifest)
-            _write_atomic(self.path, header_line(self.columns) + "".join(kept))
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:  # read-only file system, permissions: the user's to fix
-            raise UserError(f"out = '{self.folder}': cannot write: {exc.strerror or exc}") from None
+            write_text(self.path, header_line(self.columns) + "".join(kept), fsync=True)
+        else:  # a fresh sweep: an older batchsim output there is replaced, as a whole, once this one is set up
+            with atomic_folder(self.folder) as tmp:
+                (tmp / MANIFEST_NAME).write_text(_manifest_text(self.manifest))
+                (tmp / CSV_NAME).write_text(header_line(self.columns))
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise write_error(exc, self.path) from None
         return kept
 
     def append(self, text: str) -> None:
@@ -142,10 +146,13 @@ class SweepFile:
         if self._fd is None:
             raise RuntimeError("SweepFile.start() was not called")
         data = text.encode("utf-8")
-        written = os.write(self._fd, data)
-        if written != len(data):  # only on a full disk; the next resume drops the partial line
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-        os.fsync(self._fd)
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):  # only on a full disk; the next resume drops the partial line
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            os.fsync(self._fd)
+        except OSError as exc:  # the finished points stay in the file: --resume completes the rest
+            raise write_error(exc, self.path) from None
 
     def finish(
         self, rows: Sequence[str], execution: dict[str, Any] | None = None, workers: dict[str, Any] | None = None
@@ -157,7 +164,7 @@ class SweepFile:
         those keys; resume does not compare them, since they vary run to run.
         """
         self.close()
-        _write_atomic(self.path, header_line(self.columns) + "".join(rows))
+        write_text(self.path, header_line(self.columns) + "".join(rows), fsync=True)
         extra = {"execution": execution, "workers": workers}
         if any(value is not None for value in extra.values()):
             self._write_manifest(self.manifest | {k: v for k, v in extra.items() if v is not None})
@@ -175,7 +182,7 @@ class SweepFile:
         self.close()
 
     def _write_manifest(self, manifest: dict[str, Any]) -> None:
-        _write_atomic(self.folder / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
+        write_text(self.folder / MANIFEST_NAME, _manifest_text(manifest), fsync=True)
 
     def _check_manifest(self) -> None:
         path = self.folder / MANIFEST_NAME
@@ -237,14 +244,9 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # Ctrl-C / SIGTERM mid-write: the old file stays, no stray temp file
-        tmp.unlink(missing_ok=True)
-        raise
+def _manifest_text(manifest: dict[str, Any]) -> str:
+    """``sweep.json``: the manifest, stamped with the version that marks the folder as batchsim's."""
+    from sim.version import __version__
+
+    stamped = {**manifest, "batchsim_version": __version__}  # not compared on resume: see _check_manifest
+    return json.dumps(stamped, indent=1, sort_keys=True, default=str) + "\n"

@@ -23,6 +23,7 @@ import pandas as pd
 
 from sim.errors import UserError
 from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
+from sim.io.safe_paths import check_target
 from sim.validation.data import RealRun, load_validation_set
 from sim.validation.metrics import METRICS
 from sim.validation.replay import catalog_names, measured_metrics, replay_run, simulated_metrics
@@ -145,11 +146,11 @@ def write_validation(table: pd.DataFrame, markdown: str, out_dir: Path, set_name
 def run_validation(folder: Path, out_dir: Path, log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay ``folder`` and write its table into ``out_dir`` (named after the folder); nothing on error."""
     folder = Path(folder)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"output folder {out_dir}: is a file, not a folder")
+    set_name = folder.resolve().name
+    for suffix in (".csv", ".md"):  # both targets, before the replay: a bad --out must not cost one
+        check_target(Path(out_dir) / f"{set_name}{suffix}", field="out")
     runs = load_validation_set(folder)
     table = validate_runs(runs, log=log)
-    set_name = folder.resolve().name
     write_validation(table, report_markdown(table, runs, set_name), out_dir, set_name)
     return table
 

@@ -276,13 +276,15 @@ def convert_azure_trace(src: Path, dst: Path) -> int:
 
     Args:
         src: the downloaded Azure CSV.
-        dst: where to write the batchsim CSV (atomically: temp file + rename).
+        dst: where to write the batchsim CSV: a new path or a regular file, replaced atomically
+            (:func:`sim.io.safe_write.atomic_file`; a FIFO, a device or a folder is refused).
 
     Returns:
         The number of requests written.
 
     Raises:
-        UserError: a missing column, an unparseable timestamp, or a bad token count.
+        UserError: a missing column, an unparseable timestamp, a bad token count, a ``dst`` that
+            is not a new path or a regular file, or a failed write (a full disk).
     """
     src, dst = Path(src), Path(dst)
     frame = _read_csv(src)
@@ -317,16 +319,10 @@ def _timestamps_ns(frame: pd.DataFrame, path: Path) -> np.ndarray:
 
 
 def _write_atomically(frame: pd.DataFrame, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(handle)
-    try:
-        # 7 decimals keep the source's 100 ns timestamp resolution.
-        frame.to_csv(tmp_name, index=False, float_format="%.7f")
-        os.replace(tmp_name, dst)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    from sim.io.safe_write import atomic_file
+
+    with atomic_file(dst, field="dst") as tmp:
+        frame.to_csv(tmp, index=False, float_format="%.7f")  # 7 decimals: the source's 100 ns resolution
 
 
 # --------------------------------------------------------------------------- fetching
@@ -353,17 +349,21 @@ def fetch_trace(name: str, cache_dir: Path | None = None) -> Path:
     info = TRACE_NAMES[name]
     if info.url is None:
         raise UserError(f"trace '{name}' has no public download URL; copy {info.file} by hand")
+    from sim.io.safe_paths import check_target
+    from sim.io.safe_write import atomic_file
+
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     dst = folder / info.file
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as tmp:
+    check_target(dst, field="cache-dir")  # before downloading: a cache under a file, a FIFO named like the trace
+    with tempfile.TemporaryDirectory(prefix="batchsim-fetch-") as tmp:
         raw = Path(tmp) / "download.csv"
         _download(info.url, raw, name)
         if info.source_format == "azure":
             convert_azure_trace(raw, dst)
         else:
             load_trace(str(raw))  # validate before it replaces anything
-            os.replace(raw, dst)
+            with atomic_file(dst, field="cache-dir") as written:
+                shutil.copyfile(raw, written)
     return dst
 
 
