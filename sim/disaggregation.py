@@ -58,7 +58,10 @@ def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> 
             block_size=memory.block_size, activation_reserve_gb=memory.activation_reserve_gb,
             kv_blocks=memory.kv_blocks,
         )  # fmt: skip
-        cost = load_cost_model(scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead)
+        cost = load_cost_model(  # a MoE model's expert split applies to every pool's replicas too
+            scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead,
+            expert_parallel=scenario.expert_parallel,
+        )  # fmt: skip
         drafts = draft_cost_models(
             [policy], resolved.model, gpu, config.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
         )

@@ -55,6 +55,12 @@ REFUSALS: tuple[Refusal, ...] = (
         "step at a time, never in multi-step blocks)",
     ),
     Refusal(
+        "num_scheduler_steps",
+        lambda p, cls, pool: _steps(p) > 1 and not cls.multi_step,
+        "kind '{kind}' plans one pass at a time; multi-step scheduling (vLLM 0.6 --num-scheduler-steps) is "
+        "allowed for {multi_step}",
+    ),
+    Refusal(
         "kind",
         lambda p, cls, pool: pool is not None and pool not in cls.pool_roles,
         "kind '{kind}' cannot run a {pool} pool; allowed: {pool_kinds}",
@@ -83,6 +89,7 @@ def refusal(policy: Any, pool: str | None = None) -> tuple[str, str] | None:
             reason = rule.reason.format(
                 kind=policy.kind, steps=_steps(policy), pool=pool,
                 paged=", ".join(kinds_with("memory", "paged")), speculating=", ".join(kinds_with("speculates", True)),
+                multi_step=", ".join(kinds_with("multi_step", True)),
                 pool_kinds=", ".join(kinds_for_pool(pool)) if pool else "",
             )  # fmt: skip
             return rule.field, reason

@@ -164,6 +164,14 @@ class PolicyConfigBase(StrictModel):
     speculative: SpeculativeConfig | None = Field(
         None, description="Speculative decoding on every decode step (None: off; not every kind can speculate)."
     )
+    num_scheduler_steps: Int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Decode passes per scheduling step (vLLM 0.6 multi-step; kinds that plan blocks of passes "
+        "only): requests that finish inside a block keep their slot to its end, prefills wait for the boundary, "
+        "tokens stream K at a time.",
+    )
 
 
 def fill_acceptance(policy: Any, text: Any) -> Any:

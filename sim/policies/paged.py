@@ -43,13 +43,6 @@ class PagedPolicyConfig(PolicyConfigBase):
         256, ge=1, le=1_000_000, description="Most sequences in one iteration (vLLM max_num_seqs)."
     )
     max_num_batched_tokens: Int = Field(4096, ge=1, le=MAX_TOKENS, description="Token budget of one prefill iteration.")
-    num_scheduler_steps: Int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="Decode passes per scheduling step (vLLM 0.6 multi-step): requests that finish inside "
-        "a block keep their slot to its end, prefills wait for the boundary, tokens stream K at a time.",
-    )
 
 
 
