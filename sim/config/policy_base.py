@@ -120,7 +120,9 @@ class SpeculativeConfig(StrictModel):
             raise ValueError("method draft_model needs draft_model: <catalog model> (python -m sim list models)")
         if self.method != "draft_model" and self.draft_model is not None:
             raise ValueError(f"draft_model is only used by method draft_model, not {self.method!r}")
-        eagle_only = sorted({"draft_cost_ratio", "draft_step_ms"} & self.model_fields_set)
+        # Compared with the defaults, not model_fields_set: a dumped and reloaded scenario sets every field.
+        eagle_only = [name for name in ("draft_cost_ratio", "draft_step_ms")
+                      if getattr(self, name) != type(self).model_fields[name].default]  # fmt: skip
         if self.method != "eagle" and eagle_only:
             raise ValueError(f"{' and '.join(eagle_only)} price an eagle head, not method {self.method!r}")
         return self
