@@ -60,7 +60,7 @@ CORRUPT = {
     "empty token cell": ("0.0,10,5\n1.0,10,\n", 3, "num_decode_tokens", "empty cell"),
     "negative tokens": ("0.0,10,5\n1.0,10,5\n2.0,-4,5\n", 4, "num_prefill_tokens", "'-4'"),
     "zero tokens": ("0.0,10,0\n", 2, "num_decode_tokens", ">= 1"),
-    "fractional tokens": ("0.0,10.5,3\n", 2, "num_prefill_tokens", "whole numbers"),
+    "fractional tokens": ("0.0,10.5,3\n", 2, "num_prefill_tokens", "whole number"),
     "unsorted arrival": ("0.0,10,5\n2.0,10,5\n1.5,10,5\n", 4, "arrived_at", "sorted"),
     "nan arrival": ("0.0,10,5\nnan,10,5\n", 3, "arrived_at", "not a finite number"),
     "empty arrival": ("0.0,10,5\n,10,5\n", 3, "arrived_at", "empty cell"),
@@ -82,6 +82,37 @@ def test_corrupt_rows_name_file_line_column_and_value(
     assert f"line {line}," in message
     assert f"column '{column}'" in message
     assert fragment in message
+
+
+def test_a_cell_pandas_reads_as_missing_is_quoted_as_written(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"line 3, column 'num_decode_tokens': value 'NA' is not"):
+        load_trace(str(_write(tmp_path, "0.0,10,5\n1.0,10,NA\n")))
+
+
+def test_a_long_cell_is_cut_short_in_the_message(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as err:
+        load_trace(str(_write(tmp_path, "0.0,10,5\n1.0," + "x" * 100_000 + ",5\n")))
+    message = str(err.value)
+    assert "line 3" in message and "xxx..." in message and len(message) < 400
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "0.0,10,5\n1.5,3,4\n").encode())
+    frame = load_trace(str(path))
+    assert frame["arrived_at"].tolist() == [0.0, 1.5] and frame["num_prefill_tokens"].tolist() == [10, 3]
+
+
+def test_one_field_too_many_is_refused_not_shifted(tmp_path: Path) -> None:
+    # pandas alone would read the first field as an index and every value under the wrong name.
+    with pytest.raises(UserError, match="more fields than the header"):
+        load_trace(str(_write(tmp_path, "0,0.0,10,5\n1,1.0,10,5\n")))
+
+
+@pytest.mark.parametrize("count", [2**53 + 2, 10**30])
+def test_token_counts_beyond_exact_floats_are_refused(tmp_path: Path, count: int) -> None:
+    with pytest.raises(UserError, match=r"line 2, column 'num_prefill_tokens'.*2\*\*53"):
+        load_trace(str(_write(tmp_path, f"0.0,{count},5\n")))
 
 
 def test_missing_column_is_named_with_a_hint(tmp_path: Path) -> None:
