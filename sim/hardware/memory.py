@@ -10,7 +10,7 @@ engine's exact activation peak, CUDA-graph pools or fragmentation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.errors import UserError
 from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel
@@ -122,9 +122,7 @@ def kv_budget(
     gpu_bytes = int(gpu.memory_gb * GIB)
     weights = -(-model.weight_bytes // tensor_parallel)
     reserve = _reserve_bytes(model, tensor_parallel, activation_reserve_gb)
-    available = _available_bytes(
-        model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb
-    )
+    available = _available_bytes(model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb)
     if per_token <= available < per_token * block_size:
         fits = available // per_token
         raise UserError(
@@ -134,13 +132,9 @@ def kv_budget(
             field="memory.block_size",
         )
     if available < per_token * block_size:
-        _raise_does_not_fit(
-            model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb
-        )
+        _raise_does_not_fit(model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb)
     blocks = kv_blocks if kv_blocks is not None else available // (per_token * block_size)
-    return KVBudget(
-        per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None
-    )
+    return KVBudget(per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None)
 
 
 def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | None) -> int:
@@ -149,24 +143,18 @@ def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | N
     return int(reserve_gb * GIB)
 
 
-def _check_arguments(
-    util: float, block_size: int, reserve_gb: float | None, kv_blocks: int | None
-) -> None:
+def _check_arguments(util: float, block_size: int, reserve_gb: float | None, kv_blocks: int | None) -> None:
     if not 0 < util <= 1:
         raise UserError(f"must be in (0, 1], got {util}", field="memory.gpu_memory_utilization")
     if not isinstance(block_size, int) or block_size < 1:
-        raise UserError(
-            f"must be a positive integer, got {block_size!r}", field="memory.block_size"
-        )
+        raise UserError(f"must be a positive integer, got {block_size!r}", field="memory.block_size")
     if reserve_gb is not None and reserve_gb < 0:
         raise UserError(f"must be >= 0, got {reserve_gb}", field="memory.activation_reserve_gb")
     if kv_blocks is not None and (not isinstance(kv_blocks, int) or kv_blocks < 1):
         raise UserError(f"must be a positive integer, got {kv_blocks!r}", field="memory.kv_blocks")
 
 
-def _available_bytes(
-    model: ModelSpec, gpu: GPUSpec, tp: int, util: float, reserve_gb: float | None
-) -> int:
+def _available_bytes(model: ModelSpec, gpu: GPUSpec, tp: int, util: float, reserve_gb: float | None) -> int:
     weights = -(-model.weight_bytes // tp)
     return int(gpu.memory_gb * GIB * util) - weights - _reserve_bytes(model, tp, reserve_gb)
 
@@ -180,15 +168,12 @@ def _raise_does_not_fit(
     candidates = [
         d
         for d in (2, 4, 8, 16, 32, 64)
-        if d > tp
-        and model.num_q_heads % d == 0
-        and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)
+        if d > tp and model.num_q_heads % d == 0 and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)
     ]
     fitting = [
         d
         for d in candidates
-        if _available_bytes(model, gpu, d, util, reserve_gb)
-        >= kv_bytes_per_token(model, d) * block_size
+        if _available_bytes(model, gpu, d, util, reserve_gb) >= kv_bytes_per_token(model, d) * block_size
     ]
     hint = f"use tensor_parallel >= {fitting[0]}" if fitting else "use a GPU with more memory"
     short_gib = (model.weight_bytes / tp + reserve) / GIB - usable_gib
@@ -200,4 +185,37 @@ def _raise_does_not_fit(
         f"activation reserve, leaving no room for the KV cache ({max(short_gib, 0.0):.1f} GiB short per GPU, "
         f"{max(short_gib, 0.0) * tp:.0f} GiB over all {tp}); {hint}",
         field="tensor_parallel",
+    )
+
+
+def with_draft_model(kv: KVBudget, draft: ModelSpec, tensor_parallel: int) -> KVBudget:
+    """The target's KV budget once a draft model (speculative decoding) shares its GPUs.
+
+    The draft's weights (its shard at the same tensor-parallel degree) come out of the memory
+    left for the KV cache, and every target block is paired with a draft block for the same
+    tokens, so blocks are counted at target + draft KV bytes per token. That is how vLLM
+    splits the cache between the two (vLLM v0 ``spec_decode_worker.split_num_cache_blocks_evenly``:
+    both models get the same block count, together no larger than the target's alone). The
+    activation reserve stays the target's: draft and target passes never run at once, and the
+    larger peak is the target's. A pinned block count (``memory.kv_blocks``) is kept: the engine
+    logged it with the draft loaded.
+
+    Raises:
+        UserError: (no field; the caller names the policy) the draft's weights and one block of
+            both caches do not fit in what the target leaves.
+    """
+    draft_weights = -(-draft.weight_bytes // tensor_parallel)
+    pair_block = (kv.bytes_per_token + kv_bytes_per_token(draft, tensor_parallel)) * kv.block_size
+    available = kv.available_bytes - draft_weights
+    if available < pair_block:
+        raise UserError(
+            f"draft model {draft.name} does not fit next to the target: its weights take "
+            f"{draft_weights / GIB:.2f} GiB per GPU (tensor_parallel={tensor_parallel}), and with one KV block of "
+            f"both models it needs {(draft_weights + pair_block) / GIB:.2f} GiB, but the target leaves "
+            f"{max(kv.available_bytes, 0) / GIB:.2f} GiB for its KV cache; use a smaller draft model, a larger "
+            "tensor_parallel or gpu_memory_utilization"
+        )
+    blocks = kv.num_blocks if kv.pinned else available // pair_block
+    return replace(
+        kv, num_blocks=blocks, weight_bytes_per_gpu=kv.weight_bytes_per_gpu + draft_weights, available_bytes=available
     )
