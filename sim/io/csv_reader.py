@@ -88,7 +88,7 @@ def number_column(
         UserError: a cell that is empty, not a number, not finite, or out of range.
     """
     require_columns(frame, [column], path)
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
+    values = _floats(frame[column])
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(values)
         if minimum is not None:
@@ -104,6 +104,21 @@ def number_column(
         allowed = _allowed(minimum, above, whole)
         raise UserError(f"{where(path, row, column)}: {cell_text(frame, row, column, path)} is not {allowed}")
     return values
+
+
+def _floats(cells: pd.Series) -> np.ndarray:
+    """The cells as float64, NaN where a cell is not a number."""
+    try:
+        return pd.to_numeric(cells, errors="coerce").to_numpy(dtype=np.float64)
+    except OverflowError:  # pandas does not coerce an integer beyond float range (400 digits): one by one
+        return np.array([_float_or_nan(cell) for cell in cells], dtype=np.float64)
+
+
+def _float_or_nan(cell: object) -> float:
+    try:
+        return float(cell)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
 
 
 def where(path: Path, row: int, column: str) -> str:
