@@ -105,12 +105,18 @@ BAD_LINES = {
     "hash count": ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', "must be 2 whole"),
     "negative hash": ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [-1]}', "'hash_ids'"),
     # Beyond int64 (the arrays they go into) or float range: refused, not an OverflowError.
-    "hash 2**63": ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}',
-                   "2**63 - 1"),
-    "output 10**30": ('{"timestamp": 0, "input_length": 5, "output_length": ' + "1" + "0" * 30 + ', "hash_ids": [7]}',
-                      "'output_length'"),
-    "timestamp 10**400": ('{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 1, "hash_ids": [7]}',
-                          "'timestamp'"),
+    "hash 2**63": (
+        '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}',
+        "2**63 - 1",
+    ),
+    "output 10**30": (
+        '{"timestamp": 0, "input_length": 5, "output_length": ' + "1" + "0" * 30 + ', "hash_ids": [7]}',
+        "'output_length'",
+    ),
+    "timestamp 10**400": (
+        '{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 1, "hash_ids": [7]}',
+        "'timestamp'",
+    ),
     "integer of 5000 digits": ('{"timestamp": 1' + "0" * 5000 + ', "input_length": 5}', "not a usable JSON object"),
     "nested too deep": ("[" * 100_000, "not a usable JSON object"),
 }
@@ -142,9 +148,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
 
 def test_the_largest_allowed_values_load_exactly(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text(
-        f'{{"timestamp": 0, "input_length": 5, "output_length": {2**53}, "hash_ids": [{2**63 - 1}]}}\n'
-    )
+    path.write_text(f'{{"timestamp": 0, "input_length": 5, "output_length": {2**53}, "hash_ids": [{2**63 - 1}]}}\n')
     trace = load_mooncake(path)
     assert int(trace.content.ids[0]) == 2**63 - 1 and int(trace.output_tokens[0]) == 2**53
 
