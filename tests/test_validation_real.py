@@ -37,8 +37,9 @@ HAVE_SHARED = (SHARED_SET / "summary.csv").is_file()
 
 def needs_shared(test: Callable[..., None]) -> Callable[..., None]:
     """Marks ``needs_shared`` and skips, saying why, where the real runs are absent."""
-    skip = pytest.mark.skipif(not HAVE_SHARED, reason=f"real vLLM runs not found at {SHARED_SET} "
-                              "(../shared next to the repo)")
+    skip = pytest.mark.skipif(
+        not HAVE_SHARED, reason=f"real vLLM runs not found at {SHARED_SET} (../shared next to the repo)"
+    )
     return pytest.mark.needs_shared(skip(test))
 
 
@@ -87,9 +88,11 @@ def test_client_frame_orders_by_request_and_zeroes_empty_ttft() -> None:
 
 
 # --------------------------------------------------------------------------- parsing and the CLI
-SUMMARY_HEADER = ("config,gpu,num_gpus,tensor_parallel,model_id,max_model_len,num_prompts,duration,completed,"
-                  "total_output_tokens,output_throughput,median_ttft_ms_nonzero,median_tpot_ms,median_latency_ms,"
-                  "requests_file,source_repo,source_path,source_commit")
+SUMMARY_HEADER = (
+    "config,gpu,num_gpus,tensor_parallel,model_id,max_model_len,num_prompts,duration,completed,"
+    "total_output_tokens,output_throughput,median_ttft_ms_nonzero,median_tpot_ms,median_latency_ms,"
+    "requests_file,source_repo,source_path,source_commit"
+)
 
 
 def _tiny_set(folder: Path, *, model: str = "meta-llama/Meta-Llama-3-8B-Instruct", duration: str = "2.0") -> Path:
@@ -148,12 +151,20 @@ def _edit(path: Path, old: str, new: str) -> None:
 # (file to edit, text replaced, replacement, fragments of the single error line)
 CORRUPT_SET = {
     "missing request column": ("run__N3.csv", "ttft_s,", "ttft,", ["run__N3.csv", "no column 'ttft_s'"]),
-    "non-numeric length": ("run__N3.csv", "0,100,30", "0,lots,30", ["run__N3.csv, line 2, column 'input_len'",
-                                                                   "'lots'"]),
+    "non-numeric length": (
+        "run__N3.csv",
+        "0,100,30",
+        "0,lots,30",
+        ["run__N3.csv, line 2, column 'input_len'", "'lots'"],
+    ),
     "negative ttft": ("run__N3.csv", "0.6,,completed", "-0.6,,completed", ["line 4, column 'ttft_s'", "'-0.6'"]),
     "fractional count": ("summary.csv", ",2000,3,", ",2000,3.5,", ["line 2, column 'num_prompts'", "'3.5'"]),
-    "output total disagrees": ("summary.csv", ",3,42,", ",3,41,", ["output_len sums to 42",
-                                                                   "total_output_tokens = 41"]),
+    "output total disagrees": (
+        "summary.csv",
+        ",3,42,",
+        ",3,41,",
+        ["output_len sums to 42", "total_output_tokens = 41"],
+    ),
     "request file absent": ("summary.csv", ",run__N3.csv,", ",gone.csv,", ["column 'requests_file'", "'gone.csv'"]),
     "requests out of order": ("run__N3.csv", "\n1,200,", "\n5,200,", ["line 3, column 'request_idx'"]),
 }
@@ -202,12 +213,23 @@ def test_tiny_set_replays_and_writes_both_tables(tmp_path: Path, capsys) -> None
     out = tmp_path / "out"
     assert main(["validate-real", str(folder), "--out", str(out), "--quiet"]) == 0
     table = pd.read_csv(out / "set.csv")
-    assert list(table.columns) == ["run", "gpu", "model", "n", "cost_model", "metric", "unit", "measured",
-                                   "simulated", "error_pct"]
+    assert list(table.columns) == [
+        "run",
+        "gpu",
+        "model",
+        "n",
+        "cost_model",
+        "metric",
+        "unit",
+        "measured",
+        "simulated",
+        "error_pct",
+    ]
     assert table["metric"].tolist() == ["ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tps", "duration_s"]
     assert table["measured"].tolist() == [550, 15.0, 900, 21.0, 2.0]
-    assert np.allclose(table["error_pct"], 100 * (table["simulated"] - table["measured"]) / table["measured"],
-                       rtol=1e-4)
+    assert np.allclose(
+        table["error_pct"], 100 * (table["simulated"] - table["measured"]) / table["measured"], rtol=1e-4
+    )
     assert "| A100-80GB-SXM | Meta-Llama-3-8B-Instruct | 3 |" in (out / "set.md").read_text()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
