@@ -122,7 +122,9 @@ def kv_budget(
     gpu_bytes = int(gpu.memory_gb * GIB)
     weights = -(-model.weight_bytes // tensor_parallel)
     reserve = _reserve_bytes(model, tensor_parallel, activation_reserve_gb)
-    available = _available_bytes(model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb)
+    available = _available_bytes(
+        model, gpu, tensor_parallel, gpu_memory_utilization, activation_reserve_gb
+    )
     if per_token <= available < per_token * block_size:
         fits = available // per_token
         raise UserError(
@@ -132,9 +134,13 @@ def kv_budget(
             field="memory.block_size",
         )
     if available < per_token * block_size:
-        _raise_does_not_fit(model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb)
+        _raise_does_not_fit(
+            model, gpu, tensor_parallel, gpu_memory_utilization, block_size, activation_reserve_gb
+        )
     blocks = kv_blocks if kv_blocks is not None else available // (per_token * block_size)
-    return KVBudget(per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None)
+    return KVBudget(
+        per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None
+    )
 
 
 def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | None) -> int:
@@ -143,18 +149,24 @@ def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | N
     return int(reserve_gb * GIB)
 
 
-def _check_arguments(util: float, block_size: int, reserve_gb: float | None, kv_blocks: int | None) -> None:
+def _check_arguments(
+    util: float, block_size: int, reserve_gb: float | None, kv_blocks: int | None
+) -> None:
     if not 0 < util <= 1:
         raise UserError(f"must be in (0, 1], got {util}", field="memory.gpu_memory_utilization")
     if not isinstance(block_size, int) or block_size < 1:
-        raise UserError(f"must be a positive integer, got {block_size!r}", field="memory.block_size")
+        raise UserError(
+            f"must be a positive integer, got {block_size!r}", field="memory.block_size"
+        )
     if reserve_gb is not None and reserve_gb < 0:
         raise UserError(f"must be >= 0, got {reserve_gb}", field="memory.activation_reserve_gb")
     if kv_blocks is not None and (not isinstance(kv_blocks, int) or kv_blocks < 1):
         raise UserError(f"must be a positive integer, got {kv_blocks!r}", field="memory.kv_blocks")
 
 
-def _available_bytes(model: ModelSpec, gpu: GPUSpec, tp: int, util: float, reserve_gb: float | None) -> int:
+def _available_bytes(
+    model: ModelSpec, gpu: GPUSpec, tp: int, util: float, reserve_gb: float | None
+) -> int:
     weights = -(-model.weight_bytes // tp)
     return int(gpu.memory_gb * GIB * util) - weights - _reserve_bytes(model, tp, reserve_gb)
 
@@ -168,12 +180,15 @@ def _raise_does_not_fit(
     candidates = [
         d
         for d in (2, 4, 8, 16, 32, 64)
-        if d > tp and model.num_q_heads % d == 0 and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)
+        if d > tp
+        and model.num_q_heads % d == 0
+        and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)
     ]
     fitting = [
         d
         for d in candidates
-        if _available_bytes(model, gpu, d, util, reserve_gb) >= kv_bytes_per_token(model, d) * block_size
+        if _available_bytes(model, gpu, d, util, reserve_gb)
+        >= kv_bytes_per_token(model, d) * block_size
     ]
     hint = f"use tensor_parallel >= {fitting[0]}" if fitting else "use a GPU with more memory"
     short_gib = (model.weight_bytes / tp + reserve) / GIB - usable_gib
