@@ -17,7 +17,7 @@ from sim.config import Scenario
 from sim.errors import UserError
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
-from sim.hardware.draft import draft_cost_models
+from sim.hardware.draft import DraftModel, draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget
 from sim.hardware.utilization import PassWork
 from sim.policies.table import POLICIES
@@ -43,13 +43,21 @@ class ResolvedScenario:
     """The cost model without CPU time, for policies with their own ``engine_cpu`` model."""
     draft_cost_models: dict[str, CostModel] = field(default_factory=dict)
     """Draft model cost models of policies with speculative decoding by a draft model, by policy name."""
+    draft_models: dict[str, DraftModel] = field(default_factory=dict)
+    """The draft models themselves, by policy name: their weights and KV share the target's memory."""
 
     def kv_for(self, policy: Any) -> KVBudget:
-        """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization."""
+        """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization,
+        less its draft model's weights and KV cache if it drafts with one.
+
+        Raises:
+            UserError: naming ``policies[i].speculative.draft_model``, when the draft model does not fit.
+        """
         utilization = getattr(policy, "gpu_memory_utilization", None)
-        if utilization is None or self.kv.pinned:
-            return self.kv
-        return _kv_budget(self.scenario, self.model, self.gpu, utilization)
+        own = utilization is not None and not self.kv.pinned
+        kv = _kv_budget(self.scenario, self.model, self.gpu, utilization) if own else self.kv
+        draft = self.draft_models.get(policy.name)
+        return kv if draft is None else kv_with_draft(kv, draft, self.scenario.tensor_parallel)
 
     def replica_setup(self, policy: Any) -> ReplicaSetup:
         """How a replica of ``policy`` is priced and sized and which features it runs."""
@@ -121,8 +129,9 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     """Look up hardware, size the KV cache, load the cost model and draw the request stream.
 
     Raises:
-        UserError: unknown model/GPU, the model does not fit, a workload file is missing or corrupt,
-            or a request is longer than the context window (unless ``over_length: reject``).
+        UserError: unknown model/GPU, the model (or a policy's draft model beside it) does not fit, a
+            workload file is missing or corrupt, or a request is longer than the context window
+            (unless ``over_length: reject``).
             Whether each request fits the KV cache depends on the policy: :func:`check_servable`.
     """
     model = get_model(scenario.model)
@@ -155,9 +164,22 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     drafts = draft_cost_models(
         list(scenario.policies), model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
     )
-    return ResolvedScenario(
-        scenario, model, gpu, kv, cost_model, stream, max_len, over if over.any() else None, gpu_cost_model, drafts
+    resolved = ResolvedScenario(
+        scenario,
+        model,
+        gpu,
+        kv,
+        cost_model,
+        stream,
+        max_len,
+        over if over.any() else None,
+        gpu_cost_model,
+        drafts,
+        draft_models(list(scenario.policies), model),
     )
+    for policy in scenario.policies:  # every draft model must fit beside the target, selected or not
+        resolved.kv_for(policy)
+    return resolved
 
 
 def _kv_budget(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, utilization: float) -> KVBudget:

@@ -52,10 +52,7 @@ def test_linear_time_is_the_profile_median_at_profiled_counts(model: str, tp: in
     tokens, raw_ms = _raw_linear_ms(model, tp)
     got_ms = np.array(
         [
-            cost.iteration_time_s(np.array([t]), np.array([0]), np.zeros(0, int), breakdown=True)[
-                1
-            ]["linear"]
-            * 1e3
+            cost.iteration_time_s(np.array([t]), np.array([0]), np.zeros(0, int), breakdown=True)[1]["linear"] * 1e3
             for t in tokens
         ]
     )
@@ -90,9 +87,7 @@ def test_committed_fit_errors_meet_targets(name: str) -> None:
     data = read_yaml(CALIBRATION_DIR / name)
     errors = data["fit_error"]
     assert errors["linear"]["mape"] <= 0.05 and errors["linear"]["rows"] > 100
-    assert (
-        errors["attention_decode"]["mape"] <= 0.10 and errors["attention_prefill"]["mape"] <= 0.10
-    )
+    assert errors["attention_decode"]["mape"] <= 0.10 and errors["attention_prefill"]["mape"] <= 0.10
     assert "Vidur" in data["source"] and "MIT" in data["source"]
 
 
@@ -113,23 +108,15 @@ def test_fitted_attention_coefficients_are_physical() -> None:
     # Prefill: 4 FLOPs per (query, key) pair per head dim x 32 heads; achieved FLOP/s is below
     # the 312 TF peak.
     flops_per_work = 4 * 32 * 128
-    achieved = flops_per_work / (
-        (ref["prefill"]["per_work_ms"] + ref["prefill"]["per_sq_token_ms"] / 2) * 1e-3
-    )
+    achieved = flops_per_work / ((ref["prefill"]["per_work_ms"] + ref["prefill"]["per_sq_token_ms"] / 2) * 1e-3)
     assert 50e12 < achieved < 312e12
-    assert all(
-        v >= 0 for part in ("decode", "prefill") for v in ref[part].values() if isinstance(v, float)
-    )
+    assert all(v >= 0 for part in ("decode", "prefill") for v in ref[part].values() if isinstance(v, float))
 
 
-def test_corrupt_calibration_is_a_user_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_corrupt_calibration_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = calibration_filename("llama-2-7b", "a100-80gb", 1)
     shutil.copy(CALIBRATION_DIR / ROOFLINE_FILE, tmp_path / ROOFLINE_FILE)
-    (tmp_path / name).write_text(
-        "format: batchsim-calibration/1\nlinear: {tokens: [1, 2], ms: [2.0, 1.0]}\n"
-    )
+    (tmp_path / name).write_text("format: batchsim-calibration/1\nlinear: {tokens: [1, 2], ms: [2.0, 1.0]}\n")
     monkeypatch.setattr(cost_model, "CALIBRATION_DIR", tmp_path)
     with pytest.raises(UserError, match=name):
         load_cost_model("llama-2-7b", "a100-80gb", 1)
@@ -154,5 +141,5 @@ def test_corrupt_profile_csv_is_a_user_error(tmp_path: Path) -> None:
     mlp = tmp_path / "a100" / "mlp" / f"{MLP_PROFILES['phi-2']}.csv"
     mlp.parent.mkdir(parents=True)
     mlp.write_text("num_tokens,something\n1,2\n")
-    with pytest.raises(UserError, match="missing columns"):
+    with pytest.raises(UserError, match="no column"):
         calibrate(ProfileSet(tmp_path), "phi-2", "a100-80gb", 1)

@@ -105,6 +105,21 @@ BAD_LINES = {
     "zero output": ('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}', "'output_length': 0"),
     "hash count": ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', "must be 2 whole"),
     "negative hash": ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [-1]}', "'hash_ids'"),
+    # Beyond int64 (the arrays they go into) or float range: refused, not an OverflowError.
+    "hash 2**63": (
+        '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}',
+        "2**63 - 1",
+    ),
+    "output 10**30": (
+        '{"timestamp": 0, "input_length": 5, "output_length": ' + "1" + "0" * 30 + ', "hash_ids": [7]}',
+        "'output_length'",
+    ),
+    "timestamp 10**400": (
+        '{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 1, "hash_ids": [7]}',
+        "'timestamp'",
+    ),
+    "integer of 5000 digits": ('{"timestamp": 1' + "0" * 5000 + ', "input_length": 5}', "not a usable JSON object"),
+    "nested too deep": ("[" * 100_000, "not a usable JSON object"),
 }
 
 
@@ -116,7 +131,27 @@ def test_a_corrupt_line_is_one_clear_error(tmp_path: Path, case: str) -> None:
     path.write_text(good + "\n" + line + "\n")
     with pytest.raises(UserError, match="line 2") as info:
         load_mooncake(path)
-    assert fragment in str(info.value)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message and len(message) < 400, message  # the value is cut short
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    line = '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [4, 5]}\n'
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    plain.write_bytes(line.encode() * 2)
+    marked.write_bytes(b"\xef\xbb\xbf" + line.encode() * 2)
+    a, b = load_mooncake(plain), load_mooncake(marked)
+    assert len(b) == 2
+    np.testing.assert_array_equal(a.content.ids, b.content.ids)
+    np.testing.assert_array_equal(a.output_tokens, b.output_tokens)
+
+
+def test_the_largest_allowed_values_load_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"timestamp": 0, "input_length": 5, "output_length": {2**53}, "hash_ids": [{2**63 - 1}]}}\n')
+    trace = load_mooncake(path)
+    assert int(trace.content.ids[0]) == 2**63 - 1 and int(trace.output_tokens[0]) == 2**53
 
 
 def test_timestamps_must_not_go_back(tmp_path: Path) -> None:

@@ -7,12 +7,15 @@ folders of their own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.cli import main
 from sim.config import FrontendConfig
@@ -34,8 +37,9 @@ HAVE_SHARED = (SHARED_SET / "summary.csv").is_file()
 
 def needs_shared(test: Callable[..., None]) -> Callable[..., None]:
     """Marks ``needs_shared`` and skips, saying why, where the real runs are absent."""
-    skip = pytest.mark.skipif(not HAVE_SHARED, reason=f"real vLLM runs not found at {SHARED_SET} "
-                              "(../shared next to the repo)")
+    skip = pytest.mark.skipif(
+        not HAVE_SHARED, reason=f"real vLLM runs not found at {SHARED_SET} (../shared next to the repo)"
+    )
     return pytest.mark.needs_shared(skip(test))
 
 
@@ -84,9 +88,11 @@ def test_client_frame_orders_by_request_and_zeroes_empty_ttft() -> None:
 
 
 # --------------------------------------------------------------------------- parsing and the CLI
-SUMMARY_HEADER = ("config,gpu,num_gpus,tensor_parallel,model_id,max_model_len,num_prompts,duration,completed,"
-                  "total_output_tokens,output_throughput,median_ttft_ms_nonzero,median_tpot_ms,median_latency_ms,"
-                  "requests_file,source_repo,source_path,source_commit")
+SUMMARY_HEADER = (
+    "config,gpu,num_gpus,tensor_parallel,model_id,max_model_len,num_prompts,duration,completed,"
+    "total_output_tokens,output_throughput,median_ttft_ms_nonzero,median_tpot_ms,median_latency_ms,"
+    "requests_file,source_repo,source_path,source_commit"
+)
 
 
 def _tiny_set(folder: Path, *, model: str = "meta-llama/Meta-Llama-3-8B-Instruct", duration: str = "2.0") -> Path:
@@ -136,17 +142,94 @@ def test_request_file_must_match_the_summary(tmp_path: Path, capsys) -> None:
     assert "3 requests, but summary.csv says num_prompts = 4" in _one_error_line(capsys)
 
 
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+# (file to edit, text replaced, replacement, fragments of the single error line)
+CORRUPT_SET = {
+    "missing request column": ("run__N3.csv", "ttft_s,", "ttft,", ["run__N3.csv", "no column 'ttft_s'"]),
+    "non-numeric length": (
+        "run__N3.csv",
+        "0,100,30",
+        "0,lots,30",
+        ["run__N3.csv, line 2, column 'input_len'", "'lots'"],
+    ),
+    "negative ttft": ("run__N3.csv", "0.6,,completed", "-0.6,,completed", ["line 4, column 'ttft_s'", "'-0.6'"]),
+    "fractional count": ("summary.csv", ",2000,3,", ",2000,3.5,", ["line 2, column 'num_prompts'", "'3.5'"]),
+    "output total disagrees": (
+        "summary.csv",
+        ",3,42,",
+        ",3,41,",
+        ["output_len sums to 42", "total_output_tokens = 41"],
+    ),
+    "request file absent": ("summary.csv", ",run__N3.csv,", ",gone.csv,", ["column 'requests_file'", "'gone.csv'"]),
+    "requests out of order": ("run__N3.csv", "\n1,200,", "\n5,200,", ["line 3, column 'request_idx'"]),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPT_SET, ids=list(CORRUPT_SET))
+def test_each_corrupt_file_is_one_error_line_naming_it(tmp_path: Path, capsys, case: str) -> None:
+    name, old, new, fragments = CORRUPT_SET[case]
+    folder = _tiny_set(tmp_path / "set")
+    _edit(folder / name, old, new)
+    out = tmp_path / "out"
+    assert main(["validate-real", str(folder), "--out", str(out), "--quiet"]) == 2
+    err = _one_error_line(capsys)
+    for fragment in fragments:
+        assert fragment in err, err
+    assert not out.exists()
+
+
+def test_any_request_file_name_replays(tmp_path: Path, capsys) -> None:
+    """A file name is not a scenario name: 'run 1.csv' (a space) replays, under its own name in the table."""
+    folder = _tiny_set(tmp_path / "set")
+    (folder / "run__N3.csv").rename(folder / "run 1.csv")
+    _edit(folder / "summary.csv", ",run__N3.csv,", ",run 1.csv,")
+    out = tmp_path / "out"
+    assert main(["validate-real", str(folder), "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    assert set(pd.read_csv(out / "set.csv")["run"]) == {"run 1"}
+
+
+@settings(max_examples=60)
+@given(st.text(max_size=300) | st.sampled_from(["run 1", "../up", ".hidden", "a/b:c?", "ü", ""]))
+def test_replay_names_are_valid_scenario_names(stem: str) -> None:
+    from sim.config import Scenario
+    from sim.validation.replay import replay_name
+
+    name = replay_name(stem)
+    fixed = {"kind": "fixed", "value": 8}
+    arrival = {"kind": "poisson", "rate": 1.0}
+    workload = {"requests": 1, "arrival": arrival, "prompt_tokens": fixed, "output_tokens": fixed}
+    assert Scenario(name=name, workload=workload, policies=[{"name": "p", "kind": "paged"}]).name == name
+    if re.fullmatch(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}", stem):
+        assert name == stem  # a name that is already valid is kept
+
+
 def test_tiny_set_replays_and_writes_both_tables(tmp_path: Path, capsys) -> None:
     folder = _tiny_set(tmp_path / "set")
     out = tmp_path / "out"
     assert main(["validate-real", str(folder), "--out", str(out), "--quiet"]) == 0
     table = pd.read_csv(out / "set.csv")
-    assert list(table.columns) == ["run", "gpu", "model", "n", "cost_model", "metric", "unit", "measured",
-                                   "simulated", "error_pct"]
+    assert list(table.columns) == [
+        "run",
+        "gpu",
+        "model",
+        "n",
+        "cost_model",
+        "metric",
+        "unit",
+        "measured",
+        "simulated",
+        "error_pct",
+    ]
     assert table["metric"].tolist() == ["ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tps", "duration_s"]
     assert table["measured"].tolist() == [550, 15.0, 900, 21.0, 2.0]
-    assert np.allclose(table["error_pct"], 100 * (table["simulated"] - table["measured"]) / table["measured"],
-                       rtol=1e-4)
+    assert np.allclose(
+        table["error_pct"], 100 * (table["simulated"] - table["measured"]) / table["measured"], rtol=1e-4
+    )
     assert "| A100-80GB-SXM | Meta-Llama-3-8B-Instruct | 3 |" in (out / "set.md").read_text()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 

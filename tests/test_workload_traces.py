@@ -60,7 +60,7 @@ CORRUPT = {
     "empty token cell": ("0.0,10,5\n1.0,10,\n", 3, "num_decode_tokens", "empty cell"),
     "negative tokens": ("0.0,10,5\n1.0,10,5\n2.0,-4,5\n", 4, "num_prefill_tokens", "'-4'"),
     "zero tokens": ("0.0,10,0\n", 2, "num_decode_tokens", ">= 1"),
-    "fractional tokens": ("0.0,10.5,3\n", 2, "num_prefill_tokens", "whole numbers"),
+    "fractional tokens": ("0.0,10.5,3\n", 2, "num_prefill_tokens", "whole number"),
     "unsorted arrival": ("0.0,10,5\n2.0,10,5\n1.5,10,5\n", 4, "arrived_at", "sorted"),
     "nan arrival": ("0.0,10,5\nnan,10,5\n", 3, "arrived_at", "not a finite number"),
     "empty arrival": ("0.0,10,5\n,10,5\n", 3, "arrived_at", "empty cell"),
@@ -70,9 +70,7 @@ CORRUPT = {
 
 
 @pytest.mark.parametrize("case", CORRUPT.values(), ids=list(CORRUPT))
-def test_corrupt_rows_name_file_line_column_and_value(
-    tmp_path: Path, case: tuple[str, int, str, str]
-) -> None:
+def test_corrupt_rows_name_file_line_column_and_value(tmp_path: Path, case: tuple[str, int, str, str]) -> None:
     body, line, column, fragment = case
     path = _write(tmp_path, body)
     with pytest.raises(UserError) as err:
@@ -84,11 +82,40 @@ def test_corrupt_rows_name_file_line_column_and_value(
     assert fragment in message
 
 
+def test_a_cell_pandas_reads_as_missing_is_quoted_as_written(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"line 3, column 'num_decode_tokens': value 'NA' is not"):
+        load_trace(str(_write(tmp_path, "0.0,10,5\n1.0,10,NA\n")))
+
+
+def test_a_long_cell_is_cut_short_in_the_message(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as err:
+        load_trace(str(_write(tmp_path, "0.0,10,5\n1.0," + "x" * 100_000 + ",5\n")))
+    message = str(err.value)
+    assert "line 3" in message and "xxx..." in message and len(message) < 400
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "0.0,10,5\n1.5,3,4\n").encode())
+    frame = load_trace(str(path))
+    assert frame["arrived_at"].tolist() == [0.0, 1.5] and frame["num_prefill_tokens"].tolist() == [10, 3]
+
+
+def test_one_field_too_many_is_refused_not_shifted(tmp_path: Path) -> None:
+    # pandas alone would read the first field as an index and every value under the wrong name.
+    with pytest.raises(UserError, match="more fields than the header"):
+        load_trace(str(_write(tmp_path, "0,0.0,10,5\n1,1.0,10,5\n")))
+
+
+@pytest.mark.parametrize("count", [2**53 + 2, 10**30])
+def test_token_counts_beyond_exact_floats_are_refused(tmp_path: Path, count: int) -> None:
+    with pytest.raises(UserError, match=r"line 2, column 'num_prefill_tokens'.*2\*\*53"):
+        load_trace(str(_write(tmp_path, f"0.0,{count},5\n")))
+
+
 def test_missing_column_is_named_with_a_hint(tmp_path: Path) -> None:
     path = _write(tmp_path, "0.0,10,5\n", header="arrived_at,num_prefill_tokens,num_decode\n")
-    with pytest.raises(
-        UserError, match=r"no column 'num_decode_tokens'.*did you mean 'num_decode'"
-    ):
+    with pytest.raises(UserError, match=r"no column 'num_decode_tokens'.*did you mean 'num_decode'"):
         load_trace(str(path))
 
 
@@ -110,9 +137,7 @@ def test_missing_file_is_a_user_error_with_a_name_hint() -> None:
         resolve_trace_path("azure-conv-2024")
 
 
-def test_relative_path_prefers_the_scenario_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_relative_path_prefers_the_scenario_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scenario_dir, cwd = tmp_path / "scenarios", tmp_path / "cwd"
     for folder in (scenario_dir, cwd):
         folder.mkdir()
@@ -121,10 +146,7 @@ def test_relative_path_prefers_the_scenario_folder(
     assert resolve_trace_path("t.csv", base_dir=str(scenario_dir)) == scenario_dir / "t.csv"
     assert resolve_trace_path("t.csv").resolve() == (cwd / "t.csv").resolve()
     (scenario_dir / "t.csv").unlink()
-    assert (
-        resolve_trace_path("t.csv", base_dir=str(scenario_dir)).resolve()
-        == (cwd / "t.csv").resolve()
-    )
+    assert resolve_trace_path("t.csv", base_dir=str(scenario_dir)).resolve() == (cwd / "t.csv").resolve()
 
 
 def test_registered_name_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,9 +181,7 @@ def test_convert_azure_trace(tmp_path: Path) -> None:
 
 def test_convert_azure_trace_bad_timestamp(tmp_path: Path) -> None:
     src = tmp_path / "raw.csv"
-    src.write_text(
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,1\nyesterday,2,2\n"
-    )
+    src.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,1\nyesterday,2,2\n")
     with pytest.raises(UserError, match=r"line 3, column 'TIMESTAMP'.*'yesterday'"):
         convert_azure_trace(src, tmp_path / "out.csv")
     assert not (tmp_path / "out.csv").exists()
@@ -175,9 +195,7 @@ def test_convert_azure_trace_negative_tokens(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- fetching (offline)
-def test_fetch_trace_downloads_and_converts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fetch_trace_downloads_and_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requested = []
 
     def fake_urlopen(url: str, timeout: float) -> io.BytesIO:
@@ -202,12 +220,8 @@ def test_fetch_trace_network_failure(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert list(tmp_path.iterdir()) == []  # nothing partial left behind
 
 
-def test_fetch_trace_rejects_a_corrupt_download(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(
-        traces, "urlopen", lambda url, timeout: io.BytesIO(b"<html>rate limited</html>")
-    )
+def test_fetch_trace_rejects_a_corrupt_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(traces, "urlopen", lambda url, timeout: io.BytesIO(b"<html>rate limited</html>"))
     with pytest.raises(UserError):
         fetch_trace("arxiv-summarization", cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

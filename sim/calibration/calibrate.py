@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.calibration import fitting, gpu_calibrate, holdout, roofline_fit
+from sim.calibration import fit_checks, fitting, gpu_calibrate, holdout, roofline_fit
 from sim.calibration.profiles import ATTENTION_FILE, CPU_FILE, ProfileSet, all_reduce_file, licence, mlp_file
 from sim.errors import UserError
 from sim.hardware import scaling
@@ -90,9 +90,7 @@ def _lm_head_section(profiles: ProfileSet, model: ModelSpec, tp: int) -> dict:
 
 
 def _attention_section(reference: dict, model: ModelSpec, tp: int, gpu: str) -> dict:
-    dec, pre = scaling.scale_attention(
-        reference["decode"], reference["prefill"], model, tp, get_gpu(gpu)
-    )
+    dec, pre = scaling.scale_attention(reference["decode"], reference["prefill"], model, tp, get_gpu(gpu))
     scales = scaling.attention_scales(model, tp, get_gpu(gpu))
     note = (
         f"per layer; fitted on the Llama-2-70B TP2 FlashAttention profile (32 query / 4 KV "
@@ -178,33 +176,34 @@ def calibrate(profiles: ProfileSet, model: str, gpu: str, tp: int) -> dict:
 
     Raises:
         UserError: unknown model/GPU, a GPU other than the profiled A100-80GB, a model
-            without a profile, a bad TP, or missing/corrupt profile files.
+            without a profile, a bad TP, missing/corrupt profile files, or a fitted number
+            that is not usable (:mod:`sim.calibration.fit_checks`).
     """
     spec = get_model(model)
     get_gpu(gpu)
     check_tensor_parallel(spec, tp)
     if gpu not in PROFILED_GPUS:
         raise UserError(
-            f"profiles are from {', '.join(PROFILED_GPUS)}; cannot calibrate {gpu} "
-            f"(it gets the roofline)",
+            f"profiles are from {', '.join(PROFILED_GPUS)}; cannot calibrate {gpu} (it gets the roofline)",
             field="gpu",
         )
     if profiles.gpu != gpu:
         profiles = ProfileSet(profiles.root, gpu)
     if tp not in set(profiles.mlp(model)["tp"]):
         raise UserError(
-            f"{mlp_file(model, gpu)} has no TP{tp} rows; profiled: "
-            f"{sorted(set(profiles.mlp(model)['tp']))}",
+            f"{mlp_file(model, gpu)} has no TP{tp} rows; profiled: {sorted(set(profiles.mlp(model)['tp']))}",
             field="tp",
         )
-    return _assemble(profiles, spec, gpu, tp)
+    data = _assemble(profiles, spec, gpu, tp)
+    what = f"calibration of {model} on {gpu} TP{tp}"
+    fit_checks.check_fitted(data, what)
+    fit_checks.check_loadable(data, spec, what)
+    return data
 
 
 def _assemble(profiles: ProfileSet, spec: ModelSpec, gpu: str, tp: int) -> dict:
     reduce_file = all_reduce_file(gpu)
-    sources = [mlp_file(spec.name, gpu), ATTENTION_FILE, CPU_FILE] + (
-        [reduce_file] if tp > 1 and reduce_file else []
-    )
+    sources = [mlp_file(spec.name, gpu), ATTENTION_FILE, CPU_FILE] + ([reduce_file] if tp > 1 and reduce_file else [])
     if gpu == PROFILED_GPU:
         attention = _attention_section(reference_attention(profiles), spec, tp, gpu)
     else:
@@ -258,7 +257,7 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
     """The transfer file: efficiencies, reference attention, all-reduce and CPU curves."""
     gpu = GPUS[PROFILED_GPU]
     reference = reference_attention(profiles)
-    return {
+    data = {
         "format": "batchsim-roofline/1",
         "gpu": PROFILED_GPU,
         "source": LICENCE,
@@ -268,8 +267,7 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
             **roofline_fit.fit_efficiencies(profiles.all_mlp(), gpu),
         },
         "attention_reference": {
-            "note": "per layer, 32 query / 4 KV heads per GPU, head dim 128 "
-            "(Llama-2-70B TP2), A100-80GB",
+            "note": "per layer, 32 query / 4 KV heads per GPU, head dim 128 (Llama-2-70B TP2), A100-80GB",
             "decode": _sig_dict(reference["decode"]),
             "prefill": _sig_dict(reference["prefill"]),
         },
@@ -283,6 +281,8 @@ def fit_roofline_file(profiles: ProfileSet) -> dict:
         },
         "fit_error": _roofline_fit_errors(profiles),
     }
+    fit_checks.check_fitted(data, f"roofline file of {PROFILED_GPU}")
+    return data
 
 
 def _all_reduce_curves(profiles: ProfileSet) -> dict[str, dict]:
@@ -308,9 +308,7 @@ def _roofline_fit_errors(profiles: ProfileSet) -> dict:
         "attention_prefill": holdout.prefill_holdout(pre).summary(),
     }
     for n in ALL_REDUCE_GPUS:
-        errors[f"all_reduce_{n}gpu"] = holdout.all_reduce_holdout(
-            profiles.all_reduce(n), n
-        ).summary()
+        errors[f"all_reduce_{n}gpu"] = holdout.all_reduce_holdout(profiles.all_reduce(n), n).summary()
     return errors
 
 
@@ -318,10 +316,13 @@ def write_yaml(data: dict, path: str | Path) -> Path:
     """Write ``data`` as compact YAML (flow-style number lists) and return the path.
 
     Through :func:`sim.io.safe_write.write_text`: atomic, and only over a new path or a regular file.
+
+    Raises:
+        UserError: a number of ``data`` is not usable (:func:`~sim.calibration.fit_checks.check_fitted`);
+            nothing is written then.
     """
     from sim.io.safe_write import write_text
 
-    text = yaml.safe_dump(
-        data, sort_keys=False, default_flow_style=None, width=110, allow_unicode=True
-    )
+    fit_checks.check_fitted(data, str(path))
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110, allow_unicode=True)
     return write_text(path, text)

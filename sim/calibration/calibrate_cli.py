@@ -56,17 +56,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "with --all, only that GPU's files (default: every profiled GPU)",
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    parser.add_argument(
-        "--out", help="calibration YAML to write (default: the committed file's path)"
-    )
+    parser.add_argument("--out", help="calibration YAML to write (default: the committed file's path)")
     parser.add_argument(
         "--all",
         action="store_true",
         help="regenerate every committed calibration and the roofline transfer file",
     )
-    parser.add_argument(
-        "--report", action="store_true", help="print and save fit reports (Markdown + PNG)"
-    )
+    parser.add_argument("--report", action="store_true", help="print and save fit reports (Markdown + PNG)")
     parser.add_argument(
         "--report-dir",
         default=DEFAULT_REPORT_DIR,
@@ -86,15 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.all:
         return _run_all(profiles, args)
     if not args.model:
-        raise UserError(
-            "give --model (or --all to regenerate every committed calibration)", field="model"
-        )
+        raise UserError("give --model (or --all to regenerate every committed calibration)", field="model")
     gpu = args.gpu or PROFILED_GPU
-    out = (
-        Path(args.out)
-        if args.out
-        else CALIBRATION_DIR / calibration_filename(args.model, gpu, args.tp)
-    )
+    out = Path(args.out) if args.out else CALIBRATION_DIR / calibration_filename(args.model, gpu, args.tp)
     _check_out_file(out)
     _calibrate_one(profiles, args.model, gpu, args.tp, out, args)
     return 0
@@ -108,24 +98,26 @@ def _check_out_file(out: Path) -> None:
     check_target(out, field="out")
 
 
-def _calibrate_one(
-    profiles: ProfileSet, model: str, gpu: str, tp: int, out: Path, args: argparse.Namespace
-) -> None:
+def _calibrate_one(profiles: ProfileSet, model: str, gpu: str, tp: int, out: Path, args: argparse.Namespace) -> None:
     from sim.calibration import calibrate
-    from sim.calibration.profiles import ProfileSet
 
     data = calibrate.calibrate(profiles, model, gpu, tp)
     print(f"wrote {calibrate.write_yaml(data, out)}")
     if args.report:
-        from sim.calibration import fit_report  # matplotlib: only when a report is asked for
-
-        gpu_profiles = ProfileSet(profiles.root, gpu)
-        text, md, png = fit_report.calibration_report(gpu_profiles, model, tp, args.report_dir)
-        print(text)
-        print(f"saved {md} and {png}")
+        _report_one(profiles, model, gpu, tp, args)
 
 
-def _run_gpu(profiles: ProfileSet, gpu: str, args: argparse.Namespace) -> None:
+def _report_one(profiles: ProfileSet, model: str, gpu: str, tp: int, args: argparse.Namespace) -> None:
+    from sim.calibration import fit_report  # matplotlib: only when a report is asked for
+    from sim.calibration.profiles import ProfileSet
+
+    text, md, png = fit_report.calibration_report(ProfileSet(profiles.root, gpu), model, tp, args.report_dir)
+    print(text)
+    print(f"saved {md} and {png}")
+
+
+def _fit_gpu(profiles: ProfileSet, gpu: str) -> list[tuple[Path, dict, tuple[str, int] | None]]:
+    """Every file of ``gpu`` fitted and checked, nothing written: (path, content, (model, TP) or None)."""
     from sim.calibration import calibrate, gpu_roofline
 
     if gpu not in GPU_DIRS:
@@ -136,25 +128,33 @@ def _run_gpu(profiles: ProfileSet, gpu: str, args: argparse.Namespace) -> None:
     else:
         roof = gpu_roofline.fit_gpu_roofline_file(profiles.root, gpu)
         path = CALIBRATION_DIR / roofline_file_name(gpu)
-    print(f"wrote {calibrate.write_yaml(roof, path)}")
+    fitted: list[tuple[Path, dict, tuple[str, int] | None]] = [(path, roof, None)]
     kept, skipped = calibrate.committed_configs(profiles, gpu)
     for line in skipped:
         print(line)
     for model, tp in kept:
         out = CALIBRATION_DIR / calibration_filename(model, gpu, tp)
-        _calibrate_one(profiles, model, gpu, tp, out, args)
+        fitted.append((out, calibrate.calibrate(profiles, model, gpu, tp), (model, tp)))
+    return fitted
 
 
 def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
+    """Fit every file of every GPU first, then write them: a fit that fails leaves every file as it was."""
+    from sim.calibration import calibrate
     from sim.calibration.profiles import ProfileSet
 
     gpus = [args.gpu] if args.gpu else list(GPU_DIRS)
-    for gpu in gpus:
-        _run_gpu(profiles, gpu, args)
+    fitted = {gpu: _fit_gpu(profiles, gpu) for gpu in gpus}
+    for files in fitted.values():
+        for path, data, _ in files:
+            print(f"wrote {calibrate.write_yaml(data, path)}")
     if not args.report:
         return 0
     from sim.calibration import fit_report
 
+    for gpu, files in fitted.items():
+        for model, tp in (config for _, _, config in files if config is not None):
+            _report_one(profiles, model, gpu, tp, args)
     for gpu in gpus:
         text, md, png = fit_report.transfer_report(ProfileSet(profiles.root, gpu), args.report_dir)
         print(text)

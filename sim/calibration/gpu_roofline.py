@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import calibrate, gpu_calibrate, roofline_fit
+from sim.calibration import calibrate, fit_checks, gpu_calibrate, roofline_fit
 from sim.calibration.profiles import ProfileSet
 from sim.hardware.catalog import get_gpu
 from sim.hardware.curves import error_summary
@@ -53,7 +53,7 @@ def fit_gpu_roofline_file(root: str | Path, gpu: str) -> dict:
     tables = profiles.all_mlp(extra=True)
     spec = get_gpu(gpu)
     a100_roof = calibrate.fit_roofline_file(a100)
-    return {
+    data = {
         "format": "batchsim-roofline/1",
         "gpu": gpu,
         "source": calibrate.licence(gpu),
@@ -88,3 +88,5 @@ def fit_gpu_roofline_file(root: str | Path, gpu: str) -> dict:
         },
         "fit_error": a100_roof["fit_error"],
     }
+    fit_checks.check_fitted(data, f"roofline file of {gpu}")
+    return data

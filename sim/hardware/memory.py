@@ -10,7 +10,7 @@ engine's exact activation peak, CUDA-graph pools or fragmentation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.errors import UserError
 from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel
@@ -200,4 +200,37 @@ def _raise_does_not_fit(
         f"activation reserve, leaving no room for the KV cache ({max(short_gib, 0.0):.1f} GiB short per GPU, "
         f"{max(short_gib, 0.0) * tp:.0f} GiB over all {tp}); {hint}",
         field="tensor_parallel",
+    )
+
+
+def with_draft_model(kv: KVBudget, draft: ModelSpec, tensor_parallel: int) -> KVBudget:
+    """The target's KV budget once a draft model (speculative decoding) shares its GPUs.
+
+    The draft's weights (its shard at the same tensor-parallel degree) come out of the memory
+    left for the KV cache, and every target block is paired with a draft block for the same
+    tokens, so blocks are counted at target + draft KV bytes per token. That is how vLLM
+    splits the cache between the two (vLLM v0 ``spec_decode_worker.split_num_cache_blocks_evenly``:
+    both models get the same block count, together no larger than the target's alone). The
+    activation reserve stays the target's: draft and target passes never run at once, and the
+    larger peak is the target's. A pinned block count (``memory.kv_blocks``) is kept: the engine
+    logged it with the draft loaded.
+
+    Raises:
+        UserError: (no field; the caller names the policy) the draft's weights and one block of
+            both caches do not fit in what the target leaves.
+    """
+    draft_weights = -(-draft.weight_bytes // tensor_parallel)
+    pair_block = (kv.bytes_per_token + kv_bytes_per_token(draft, tensor_parallel)) * kv.block_size
+    available = kv.available_bytes - draft_weights
+    if available < pair_block:
+        raise UserError(
+            f"draft model {draft.name} does not fit next to the target: its weights take "
+            f"{draft_weights / GIB:.2f} GiB per GPU (tensor_parallel={tensor_parallel}), and with one KV block of "
+            f"both models it needs {(draft_weights + pair_block) / GIB:.2f} GiB, but the target leaves "
+            f"{max(kv.available_bytes, 0) / GIB:.2f} GiB for its KV cache; use a smaller draft model, a larger "
+            "tensor_parallel or gpu_memory_utilization"
+        )
+    blocks = kv.num_blocks if kv.pinned else available // pair_block
+    return replace(
+        kv, num_blocks=blocks, weight_bytes_per_gpu=kv.weight_bytes_per_gpu + draft_weights, available_bytes=available
     )

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.errors import MissingDataError, UserError, did_you_mean
+from sim.errors import MissingDataError, UserError, shown
+from sim.io.csv_reader import number_column, read_csv, require_columns, where
 from sim.workload.traces import token_column
 
 SUMMARY_FILE = "summary.csv"
@@ -70,93 +71,72 @@ def load_validation_set(folder: str | Path) -> list[RealRun]:
         raise MissingDataError(f"validation folder {folder}: not found (or not a folder)")
     if not summary_path.is_file():
         raise MissingDataError(f"validation folder {folder}: has no {SUMMARY_FILE}")
-    frame = _read_csv(summary_path)
-    _require_columns(frame, SUMMARY_COLUMNS, summary_path)
-    runs = [_load_run(folder, summary_path, frame, row) for row in range(len(frame))]
+    frame = read_csv(summary_path)
+    require_columns(frame, SUMMARY_COLUMNS, summary_path)
+    numbers = _summary_numbers(frame, summary_path)
+    runs = [_load_run(folder, summary_path, frame, numbers, row) for row in range(len(frame))]
     names = [r.name for r in runs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise UserError(f"{summary_path}: requests_file repeated: {', '.join(repeated)}")
+        raise UserError(f"{summary_path}: requests_file repeated: {shown(', '.join(repeated))}")
     return runs
 
 
-def _load_run(folder: Path, summary_path: Path, frame: pd.DataFrame, row: int) -> RealRun:
-    summary = _summary_row(frame, row, summary_path)
+def _summary_numbers(frame: pd.DataFrame, path: Path) -> dict[str, np.ndarray]:
+    """The numeric columns of ``summary.csv``, each cell checked (whole numbers where counts)."""
+    numbers = {c: number_column(frame, c, path, minimum=0, whole=True) for c in _INT_FIELDS}
+    return numbers | {c: number_column(frame, c, path, minimum=0) for c in _FLOAT_FIELDS}
+
+
+def _load_run(
+    folder: Path, summary_path: Path, frame: pd.DataFrame, numbers: dict[str, np.ndarray], row: int
+) -> RealRun:
+    summary = _summary_row(frame, numbers, row)
     path = folder / str(summary["requests_file"])
     if not path.is_file():
-        raise UserError(f"{_where(summary_path, row, 'requests_file')}: {path.name} not found in {folder}")
+        raise UserError(
+            f"{where(summary_path, row, 'requests_file')}: {shown(str(summary['requests_file']))} not found in {folder}"
+        )
     requests = _requests(path)
     _check_consistent(requests, summary, path)
     return RealRun(path.stem, summary, requests)
 
 
-def _summary_row(frame: pd.DataFrame, row: int, path: Path) -> dict[str, Any]:
+def _summary_row(frame: pd.DataFrame, numbers: dict[str, np.ndarray], row: int) -> dict[str, Any]:
     summary: dict[str, Any] = {k: v for k, v in frame.iloc[row].items() if pd.notna(v)}
-    for column in _INT_FIELDS + _FLOAT_FIELDS:
-        cell = frame[column].iloc[row]
-        value = float(pd.to_numeric(pd.Series([cell]), errors="coerce").iloc[0])
-        whole = column in _INT_FIELDS
-        if not (np.isfinite(value) and value >= 0 and (value == np.floor(value) or not whole)):
-            kind = "a whole number >= 0" if whole else "a finite number >= 0"
-            raise UserError(f"{_where(path, row, column)}: {cell!r} is not {kind}")
-        summary[column] = int(value) if whole else value
+    summary |= {c: int(numbers[c][row]) for c in _INT_FIELDS} | {c: float(numbers[c][row]) for c in _FLOAT_FIELDS}
     for column in ("model_id", "gpu", "requests_file"):
         summary[column] = str(frame[column].iloc[row]).strip()
     return summary
 
 
 def _requests(path: Path) -> pd.DataFrame:
-    frame = _read_csv(path)
-    _require_columns(frame, REQUEST_COLUMNS, path)
-    ttft = pd.to_numeric(frame["ttft_s"], errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(ttft) | (ttft < 0)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise UserError(f"{_where(path, row, 'ttft_s')}: {frame['ttft_s'].iloc[row]!r} is not a time >= 0")
+    frame = read_csv(path)
+    require_columns(frame, REQUEST_COLUMNS, path)
     requests = pd.DataFrame({
         "request_idx": token_column(frame, "request_idx", path, min_tokens=0),
         "input_len": token_column(frame, "input_len", path, min_tokens=1),
         "output_len": token_column(frame, "output_len", path, min_tokens=0),
-        "ttft_s": ttft,
+        "ttft_s": number_column(frame, "ttft_s", path, minimum=0),
     })  # fmt: skip
     out_of_order = np.flatnonzero(requests["request_idx"].to_numpy() != np.arange(len(requests)))
     if out_of_order.size:
         row = int(out_of_order[0])
-        raise UserError(f"{_where(path, row, 'request_idx')}: {requests['request_idx'].iloc[row]} where {row} "
-                        "was expected; rows must be request 0, 1, 2, ... in order")
+        raise UserError(
+            f"{where(path, row, 'request_idx')}: {requests['request_idx'].iloc[row]} where {row} "
+            "was expected; rows must be request 0, 1, 2, ... in order"
+        )
     return requests
 
 
 def _check_consistent(requests: pd.DataFrame, summary: dict[str, Any], path: Path) -> None:
     if len(requests) != summary["num_prompts"]:
-        raise UserError(f"{path}: {len(requests)} requests, but summary.csv says num_prompts = "
-                        f"{summary['num_prompts']}")
+        raise UserError(
+            f"{path}: {len(requests)} requests, but summary.csv says num_prompts = {summary['num_prompts']}"
+        )
     total = int(requests["output_len"].sum())
     if total != summary["total_output_tokens"]:
-        raise UserError(f"{path}: output_len sums to {total}, but summary.csv says total_output_tokens = "
-                        f"{summary['total_output_tokens']}")
-
-
-def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable CSV file: {' '.join(str(exc).split())}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if frame.empty:
-        raise UserError(f"{path}: the file has a header but no data rows")
-    return frame
-
-
-def _require_columns(frame: pd.DataFrame, columns: tuple[str, ...], path: Path) -> None:
-    present = [str(c) for c in frame.columns]
-    for column in columns:
-        if column not in present:
-            raise UserError(f"{path}: no column '{column}'{did_you_mean(column, present)}; "
-                            f"columns are: {', '.join(present)}")
-
-
-def _where(path: Path, row: int, column: str) -> str:
-    # The header is line 1, so data row i (0-based) is line i + 2.
-    return f"{path}, line {row + 2}, column '{column}'"
+        raise UserError(
+            f"{path}: output_len sums to {total}, but summary.csv says total_output_tokens = "
+            f"{summary['total_output_tokens']}"
+        )

@@ -15,6 +15,7 @@ metrics then count it as the client did (:mod:`sim.validation.metrics`).
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario
-from sim.errors import UserError, did_you_mean
+from sim.errors import UserError, did_you_mean, shown
 from sim.validation.data import RealRun
 from sim.validation.metrics import benchmark_metrics, client_frame
 from sim.workload.traces import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN
@@ -52,11 +53,16 @@ def catalog_names(run: RealRun) -> tuple[str, str]:
     """The batchsim (model, gpu) of a run; UserError for one batchsim has no mapping for."""
     model_id, gpu = run.summary["model_id"], run.summary["gpu"]
     if model_id not in MODELS:
-        raise UserError(f"run {run.name}: model_id {model_id!r} has no batchsim model{did_you_mean(model_id, MODELS)}; "
-                        f"known: {', '.join(MODELS)}")
+        raise UserError(
+            f"run {shown(run.name)}: model_id {shown(model_id)} has no batchsim model"
+            f"{did_you_mean(model_id, MODELS)}; "
+            f"known: {', '.join(MODELS)}"
+        )
     if gpu not in GPUS:
-        raise UserError(f"run {run.name}: gpu {gpu!r} has no batchsim GPU{did_you_mean(gpu, GPUS)}; "
-                        f"known: {', '.join(GPUS)}")
+        raise UserError(
+            f"run {shown(run.name)}: gpu {shown(gpu)} has no batchsim GPU{did_you_mean(gpu, GPUS)}; "
+            f"known: {', '.join(GPUS)}"
+        )
     return MODELS[model_id], GPUS[gpu]
 
 
@@ -65,14 +71,23 @@ def engine_output_tokens(run: RealRun) -> np.ndarray:
     return np.maximum(run.requests["output_len"].to_numpy(dtype=np.int64), 1)
 
 
+def replay_name(run_name: str) -> str:
+    """A valid scenario ``name`` for a run named after any file: each character a scenario name
+    does not allow (a space, a slash, ...) becomes '_', no leading '.', at most 128 characters.
+
+    The scenario name only labels the replay in memory; tables keep the run's own name.
+    """
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", run_name).lstrip(".")[:128] or "run"
+
+
 def scenario_dict(run: RealRun, trace_path: str) -> dict[str, Any]:
     """The replay scenario of ``run`` (as ``sim.Scenario(**d)`` takes it), reading ``trace_path``."""
     model, gpu = catalog_names(run)
     tp, gpus = run.summary["tensor_parallel"], run.summary["num_gpus"]
     if tp < 1 or gpus % tp:
-        raise UserError(f"run {run.name}: num_gpus = {gpus} is not a multiple of tensor_parallel = {tp}")
+        raise UserError(f"run {shown(run.name)}: num_gpus = {gpus} is not a multiple of tensor_parallel = {tp}")
     return {
-        "name": run.name, "seed": 0, "model": model, "gpu": gpu,
+        "name": replay_name(run.name), "seed": 0, "model": model, "gpu": gpu,
         "tensor_parallel": tp, "replicas": gpus // tp, "max_model_len": run.summary["max_model_len"],
         # The server's KV settings also at the scenario level, so the KV budget is the server's
         # whether or not the policy's own gpu_memory_utilization is applied.
@@ -88,7 +103,7 @@ def replay_scenario(run: RealRun) -> Iterator[Scenario]:
     """The validated replay Scenario of ``run``; its trace file exists until the block ends."""
     catalog_names(run)  # an unknown model or GPU fails before any file is written
     with tempfile.TemporaryDirectory(prefix="batchsim-replay-") as folder:
-        path = Path(folder) / f"{run.name}.csv"
+        path = Path(folder) / "requests.csv"  # not the run's name: any file name must work
         write_burst_trace(run, path)
         yield Scenario(**scenario_dict(run, str(path)))
 

@@ -4,26 +4,33 @@ Each line of the JSONL file is one request: ``timestamp`` (ms since the trace st
 non-decreasing), ``input_length`` and ``output_length`` (tokens, >= 1) and ``hash_ids``:
 one id per 512-token block of the prompt (the last block may be partial), chained so
 that equal ids at the same position mean equal prefixes. The ids become a
-:class:`~sim.workload.content.PromptContent` with 512-token units.
+:class:`~sim.workload.content.PromptContent` with 512-token units. A UTF-8 byte-order mark
+at the start of the file is accepted, as YAML and the CSV readers accept one.
 
 Every problem is one :class:`~sim.errors.UserError` naming the file, the line, the field,
-the value and what is allowed.
+the value (cut short) and what is allowed. The numbers are held in int64 arrays, so a
+length or id beyond their range is refused here rather than overflowing later.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sim.errors import UserError
+from sim.errors import UserError, shown
 from sim.workload.content import PromptContent
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` entry."""
+MAX_LENGTH_TOKENS = 2**53
+"""Largest ``input_length``/``output_length`` accepted: the most a float64 (the metrics) holds exactly."""
+MAX_HASH_ID = 2**63 - 1
+"""Largest ``hash_ids`` entry: ids are kept as int64."""
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
@@ -55,7 +62,7 @@ def load_mooncake(path: Path, limit: int | None = None) -> MooncakeTrace:
     """
     rows: list[tuple[float, int, int, list[int]]] = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: a leading byte-order mark is skipped
             for number, line in enumerate(handle, start=1):
                 if limit is not None and len(rows) >= limit:
                     break
@@ -74,14 +81,16 @@ def _parse_line(line: str, path: Path, number: int, previous_ms: float) -> tuple
         row = json.loads(line)
     except json.JSONDecodeError as exc:
         raise _bad(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+    except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; arrays nested too deep
+        raise _bad(f"{where}: not a usable JSON object ({_first_words(exc)}); each line must be one") from None
     if not isinstance(row, dict) or any(name not in row for name in _FIELDS):
         missing = [n for n in _FIELDS if not isinstance(row, dict) or n not in row]
         raise _bad(f"{where}: missing field(s) {', '.join(missing)}; a Mooncake line has {', '.join(_FIELDS)}")
     stamp = row["timestamp"]
     if not _is_number(stamp) or stamp < previous_ms:
         raise _bad(
-            f"{where}, field 'timestamp': {stamp!r} is not allowed; it must be a number of ms >= the previous "
-            f"line's ({previous_ms:g})"
+            f"{where}, field 'timestamp': {shown(stamp)} is not allowed; it must be a finite number of ms >= the "
+            f"previous line's ({previous_ms:g})"
         )
     prompt = _count(row["input_length"], where, "input_length")
     output = _count(row["output_length"], where, "output_length")
@@ -89,25 +98,41 @@ def _parse_line(line: str, path: Path, number: int, previous_ms: float) -> tuple
 
 
 def _count(value: Any, where: str, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(f"{where}, field '{name}': {value!r} is not allowed; it must be a whole number >= 1")
+    if not _is_whole(value, 1, MAX_LENGTH_TOKENS):
+        raise _bad(
+            f"{where}, field '{name}': {shown(value)} is not allowed; it must be a whole number from 1 to "
+            f"2**53 ({MAX_LENGTH_TOKENS})"
+        )
     return value
 
 
 def _hash_ids(value: Any, prompt: int, where: str) -> list[int]:
     expected = -(-prompt // MOONCAKE_BLOCK_TOKENS)
-    ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ok = isinstance(value, list) and all(_is_whole(v, 0, MAX_HASH_ID) for v in value)
     if not ok or len(value) != expected:
-        shown = value if not isinstance(value, list) or len(value) < 8 else f"a list of {len(value)} entries"
         raise _bad(
-            f"{where}, field 'hash_ids': {shown!r} is not allowed; it must be {expected} whole numbers >= 0 "
-            f"(one per {MOONCAKE_BLOCK_TOKENS}-token block of input_length {prompt})"
+            f"{where}, field 'hash_ids': {shown(value)} is not allowed; it must be {expected} whole numbers from 0 "
+            f"to 2**63 - 1 (one per {MOONCAKE_BLOCK_TOKENS}-token block of input_length {prompt})"
         )
     return value
 
 
+def _is_whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)  # a JSON integer beyond float range overflows: not a usable time
+    except OverflowError:
+        return False
+
+
+def _first_words(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _bad(message: str) -> UserError:

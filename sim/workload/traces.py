@@ -27,12 +27,11 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import MissingDataError, UserError, did_you_mean
+from sim.io.csv_reader import cell_text, number_column, read_csv, require_columns, where
 
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
-# Floats represent integers exactly up to 2**53; larger "token counts" are corrupt data.
-_MAX_TOKENS = 2**53
 _DOWNLOAD_TIMEOUT_S = 60.0
 
 
@@ -84,8 +83,7 @@ TRACE_NAMES: dict[str, TraceInfo] = {
     ),
     "arxiv-summarization": TraceInfo(
         file="arxiv_summarization_lengths.csv",
-        description="arXiv long-document summarization: 28,257 (prompt, output) token counts, "
-        "Llama-2 tokenizer",
+        description="arXiv long-document summarization: 28,257 (prompt, output) token counts, Llama-2 tokenizer",
         url="https://raw.githubusercontent.com/microsoft/vidur/main/data/processed_traces/"
         "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
         source_format="batchsim",
@@ -153,11 +151,7 @@ def _find_registered(name: str) -> Path:
     if found is not None:
         return found
     dirs = trace_search_dirs()
-    how = (
-        f"download it with `python -m sim traces fetch {name}`"
-        if info.url
-        else f"copy {info.file} into one of them"
-    )
+    how = f"download it with `python -m sim traces fetch {name}`" if info.url else f"copy {info.file} into one of them"
     raise MissingDataError(
         f"trace '{name}' ({info.file}) not found in {', '.join(map(str, dirs))}; {how}, "
         f"or set BATCHSIM_TRACE_DIR to a folder that holds it"
@@ -181,7 +175,7 @@ def load_trace(path_or_name: str, base_dir: str | None = None) -> pd.DataFrame:
             a token count that is not a whole number >= 1, or arrivals out of order.
     """
     path = resolve_trace_path(path_or_name, base_dir)
-    frame = _read_csv(path)
+    frame = read_csv(path)
     columns: dict[str, np.ndarray] = {}
     if ARRIVAL_COLUMN in frame.columns:
         columns[ARRIVAL_COLUMN] = _arrival_column(frame, path)
@@ -193,76 +187,24 @@ def load_trace(path_or_name: str, base_dir: str | None = None) -> pd.DataFrame:
 def load_token_column(path_or_name: str, column: str, base_dir: str | None = None) -> np.ndarray:
     """Read one column of token counts (int64 >= 1) from a CSV, validated like a trace."""
     path = resolve_trace_path(path_or_name, base_dir)
-    return token_column(_read_csv(path), column, path)
+    return token_column(read_csv(path), column, path)
 
 
 def token_column(frame: pd.DataFrame, column: str, path: Path, min_tokens: int = 1) -> np.ndarray:
     """Validated whole-number column of ``frame`` as int64 (UserError names line and value)."""
-    values = _numeric_column(frame, column, path)
-    bad = (values < min_tokens) | (values != np.floor(values)) | (values > _MAX_TOKENS)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise UserError(
-            f"{_where(path, row, column)}: {_cell(frame[column].iloc[row])} is not a valid token "
-            f"count; token counts must be whole numbers >= {min_tokens}"
-        )
-    return values.astype(np.int64)
+    return number_column(frame, column, path, minimum=min_tokens, whole=True).astype(np.int64)
 
 
 def _arrival_column(frame: pd.DataFrame, path: Path) -> np.ndarray:
-    values = _numeric_column(frame, ARRIVAL_COLUMN, path)
+    values = number_column(frame, ARRIVAL_COLUMN, path)
     backwards = np.flatnonzero(np.diff(values) < 0)
     if backwards.size:
         row = int(backwards[0]) + 1
         raise UserError(
-            f"{_where(path, row, ARRIVAL_COLUMN)}: {values[row]:g} is earlier than the row before "
+            f"{where(path, row, ARRIVAL_COLUMN)}: {values[row]:g} is earlier than the row before "
             f"({values[row - 1]:g}); arrival times must be sorted ascending"
         )
     return values
-
-
-def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        # Blank lines are kept (as empty rows) so that row i is always line i + 2.
-        frame = pd.read_csv(path, skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable CSV file: {str(exc).strip()}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    filled = np.flatnonzero(~frame.isna().all(axis=1).to_numpy())
-    frame = frame.iloc[: filled[-1] + 1] if filled.size else frame.iloc[:0]
-    if frame.empty:
-        raise UserError(f"{path}: the file has a header but no data rows")
-    return frame
-
-
-def _numeric_column(frame: pd.DataFrame, column: str, path: Path) -> np.ndarray:
-    if column not in frame.columns:
-        present = [str(c) for c in frame.columns]
-        raise UserError(
-            f"{path}: no column '{column}'{did_you_mean(column, present)}; "
-            f"columns are: {', '.join(present)}"
-        )
-    raw = frame[column]
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise UserError(
-            f"{_where(path, row, column)}: {_cell(raw.iloc[row])} is not a finite number"
-        )
-    return values
-
-
-def _where(path: Path, row: int, column: str) -> str:
-    # Header is line 1, so data row i (0-based) is line i + 2.
-    return f"{path}, line {row + 2}, column '{column}'"
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "empty cell"
-    return f"value {str(value)!r}"
 
 
 # --------------------------------------------------------------------------- converting
@@ -287,7 +229,7 @@ def convert_azure_trace(src: Path, dst: Path) -> int:
             is not a new path or a regular file, or a failed write (a full disk).
     """
     src, dst = Path(src), Path(dst)
-    frame = _read_csv(src)
+    frame = read_csv(src)
     stamps_ns = _timestamps_ns(frame, src)
     order = np.argsort(stamps_ns, kind="stable")
     prompt = np.maximum(token_column(frame, "ContextTokens", src, min_tokens=0), 1)
@@ -304,15 +246,14 @@ def convert_azure_trace(src: Path, dst: Path) -> int:
 
 
 def _timestamps_ns(frame: pd.DataFrame, path: Path) -> np.ndarray:
-    if "TIMESTAMP" not in frame.columns:
-        _numeric_column(frame, "TIMESTAMP", path)  # raises the missing-column error
+    require_columns(frame, ["TIMESTAMP"], path)
     raw = frame["TIMESTAMP"]
     stamps = pd.to_datetime(raw.astype("string"), format="ISO8601", errors="coerce")
     bad = stamps.isna().to_numpy()
     if bad.any():
         row = int(np.argmax(bad))
         raise UserError(
-            f"{_where(path, row, 'TIMESTAMP')}: {_cell(raw.iloc[row])} is not a timestamp "
+            f"{where(path, row, 'TIMESTAMP')}: {cell_text(frame, row, 'TIMESTAMP', path)} is not a timestamp "
             f"like 2023-11-16 18:15:46.6805900"
         )
     return stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
@@ -343,8 +284,7 @@ def fetch_trace(name: str, cache_dir: Path | None = None) -> Path:
     """
     if name not in TRACE_NAMES:
         raise UserError(
-            f"unknown trace '{name}'{did_you_mean(name, TRACE_NAMES)}; "
-            f"registered traces: {', '.join(TRACE_NAMES)}"
+            f"unknown trace '{name}'{did_you_mean(name, TRACE_NAMES)}; registered traces: {', '.join(TRACE_NAMES)}"
         )
     info = TRACE_NAMES[name]
     if info.url is None:
