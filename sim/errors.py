@@ -9,6 +9,7 @@ Programming errors stay ordinary exceptions so they are not hidden.
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
 
 
@@ -42,3 +43,48 @@ class MissingDataError(UserError):
 
     ``python -m sim report`` skips scenarios that raise this, and says so, instead of failing.
     """
+
+
+MAX_VALUE_CHARS = 80
+"""Longest echo of a user's value in an error message."""
+MAX_LINE_CHARS = 500
+"""Longest error line the CLI prints."""
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` unchanged if it fits in ``limit`` characters, else its start and '…'."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def shown(value: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """A user's value for an error message: its ``repr`` (so newlines show as ``\\n``), cut to ``limit`` characters.
+
+    Numpy scalars show as the Python numbers they hold (``-0.1``, not ``np.float64(-0.1)``); a
+    long string or a container is never formatted whole (a 5 MB name, a list with shared items).
+    """
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, str):
+        return cut(repr(value[: limit + 1]), limit)
+    try:
+        if isinstance(value, (dict, list, tuple, set, frozenset)):
+            return cut(_short_repr(value), limit)
+        return cut(repr(value), limit)
+    except ValueError:  # an int beyond Python's 4300-digit str() limit
+        return f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<unprintable value>"
+
+
+def _short_repr(value: object) -> str:
+    """A bounded ``repr`` of a container: a few items of a few levels, whatever its size."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxstring, short.maxother = 3, 4, 6, 40, 40
+    return short.repr(value)
+
+
+def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """A message as one line of at most ``limit`` characters: line breaks shown as ``\\n``, the rest cut."""
+    return cut(text.replace("\r\n", "\n").translate(_LINE_BREAKS), limit)
+
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+"""Every character str.splitlines() breaks at, as its escape."""

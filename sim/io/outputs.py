@@ -3,7 +3,7 @@
 Replacement rule: an output folder that already exists is replaced only when it is empty or
 is a batchsim output folder: every entry is a regular file named in :data:`RESULT_FILES`
 (the one allow-list; :data:`KNOWN_OUTPUTS` holds it and the capacity folder's) and
-``scenario.resolved.yaml`` holds a ``batchsim_version`` key. Anything else (a file, a path
+``scenario.resolved.yaml`` starts with a ``batchsim_version`` key. Anything else (a file, a path
 under a file, an unwritable parent, a folder holding other files, the current folder or one
 of its parents) is a :class:`~sim.errors.UserError` that names the path and the reason;
 :func:`check_output_dir` applies the rule before a run spends time simulating.
@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-import yaml
 
 from sim.errors import UserError
 from sim.io.parquet import PARQUET_FILES, require_pyarrow, wants_parquet, write_records_parquet
 from sim.io.scenario import resolved_yaml
+from sim.io.yaml_reader import first_key
 
 if TYPE_CHECKING:
     from sim.result import RunData
@@ -169,11 +169,8 @@ def _mismatch(folder: Path, entries: list[os.DirEntry], kind: OutputKind) -> str
 
 
 def _has_version(path: Path) -> bool:
-    try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(document, dict) and "batchsim_version" in document
+    # batchsim writes batchsim_version as the first key; reading no further keeps any file here cheap to check.
+    return first_key(path) == "batchsim_version"
 
 
 # --------------------------------------------------------------------------- atomic replacement
