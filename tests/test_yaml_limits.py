@@ -175,6 +175,9 @@ REFUSED = {
     "huge base-60 integer": ("a: " + ":".join(["1"] * 300_000) + "\n", "more than 100 characters"),
     "impossible date": ("a: 2023-02-30\n", "day is out of range"),
     "list as a key": ("? [1]\n: 2\n", "a key must be a single value"),
+    "tag that does not fit": ("a: !!timestamp 1\n", "'1' is not a valid timestamp"),
+    "boolean that is not": ("a: !!bool maybe\n", "'maybe' is not a valid bool"),
+    "set of a list": ("a: !!set [1]\n", "expected a mapping node"),
     "python tag": ("a: !!python/object/apply:os.system [ls]\n", "could not determine a constructor"),
     "duplicate key": ("a: 1\nb: 2\na: 3\n", "duplicate key 'a' (first at line 1)"),
 }

@@ -28,7 +28,7 @@ from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.error import MarkedYAMLError
 from yaml.events import AliasEvent, MappingStartEvent, ScalarEvent, StreamStartEvent
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.resolver import Resolver
 
 from sim.errors import UserError, cut, shown
@@ -137,12 +137,20 @@ class _StrictConstructor(SafeConstructor):
     def construct_object(self, node: Node, deep: bool = False) -> Any:
         try:
             return SafeConstructor.construct_object(self, node, deep=deep)
-        except (ValueError, OverflowError) as exc:  # a date such as 2023-02-30, an int such as 0b_
+        except (ValueError, OverflowError, KeyError, AttributeError) as exc:
+            # PyYAML's scalar constructors trust the resolver's pattern; a scalar with an explicit tag
+            # that does not fit it (2023-02-30, 0b_, !!bool maybe, !!timestamp 1) fails inside them.
+            if not isinstance(node, ScalarNode):
+                raise
+            why = f" ({exc})" if isinstance(exc, (ValueError, OverflowError)) else ""
             kind = node.tag.rsplit(":", 1)[-1]
-            raise ConstructorError(None, None, f"bad {kind} value: {exc}", node.start_mark) from None
+            raise ConstructorError(
+                None, None, f"{shown(node.value, 40)} is not a valid {kind}{why}", node.start_mark
+            ) from None
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self._refuse_duplicate_keys(node)
+        if isinstance(node, MappingNode):  # else (!!set [1]) the base class says a mapping was expected
+            self._refuse_duplicate_keys(node)
         return SafeConstructor.construct_mapping(self, node, deep=deep)
 
     def _refuse_duplicate_keys(self, node: MappingNode) -> None:
