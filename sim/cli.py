@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sim.errors import UserError, one_line
+from sim.errors import MAX_LINE_CHARS, UserError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "quickstart.yaml"
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except UserError as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        print(one_line(f"error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -72,7 +72,8 @@ class OneLineParser(argparse.ArgumentParser):
         self._fail(message, self.prog)
 
     def _fail(self, message: str, prog: str) -> NoReturn:
-        self.exit(2, f"error: {one_line(message)} (see {prog} --help)\n")
+        see = f" (see {prog} --help)"
+        self.exit(2, one_line(f"error: {message}", MAX_LINE_CHARS - len(see)) + see + "\n")
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[str]:

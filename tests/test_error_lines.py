@@ -165,3 +165,16 @@ def test_a_real_process_prints_one_line_for_misuse() -> None:
     proc = subprocess.run([sys.executable, "-m", "sim", "run", "--nope"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "error: unrecognized arguments: --nope (see python -m sim run --help)\n"
+
+
+def test_many_unknown_keys_are_one_message_per_mapping_on_a_bounded_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = yaml.safe_load(QUICKSTART.read_text())
+    for mapping in (data, data["workload"], data["slo"]):
+        mapping.update({f"unknown_{i}_{'x' * 30}": i for i in range(5)})
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data))
+    line = _error_line(capsys, main(["validate", str(path)]))
+    assert line.startswith("error: invalid scenario: ") and "unknown keys 'unknown_0_" in line
+    assert line.count("allowed keys here") <= 3  # once per mapping, not once per key

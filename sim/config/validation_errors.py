@@ -74,13 +74,19 @@ def _without_other_members(errors: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _one_per_value(errors: list[dict[str, Any]]) -> list[str]:
-    """One message per location: a value that fits no union member gets 'must be X or Y'."""
+    """One message per location, and one for all the unknown keys of one mapping.
+
+    A value that fits no union member gets 'must be X or Y'.
+    """
     grouped: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for err in errors:
-        grouped.setdefault((err["loc"][0], err["type"] == "extra_forbidden"), []).append(err)
+        path = err["loc"][0]
+        grouped.setdefault(("unknown", path[:-1]) if err["type"] == "extra_forbidden" else (path,), []).append(err)
     lines = []
-    for group in grouped.values():
-        if len(group) > 1 and all(err["type"] in _PLAIN_MESSAGES for err in group):
+    for key, group in grouped.items():
+        if key[0] == "unknown":
+            lines.append(_unknown_keys(group))
+        elif len(group) > 1 and all(err["type"] in _PLAIN_MESSAGES for err in group):
             wanted = dict.fromkeys(_PLAIN_MESSAGES[err["type"]].removeprefix("must be ") for err in group)
             lines.append(f"{_join_loc(group[0]['loc'][0])} = {_value(group[0])}: must be {' or '.join(wanted)}")
         else:
@@ -88,14 +94,19 @@ def _one_per_value(errors: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _unknown_keys(group: list[dict[str, Any]]) -> str:
+    path, model = group[0]["loc"]
+    allowed = sorted(model.model_fields) if model is not None else []
+    keys = [str(err["loc"][0][-1]) for err in group]
+    named = ", ".join(f"{shown(key, 40)}{did_you_mean(key, allowed)}" for key in keys)
+    where = _join_loc(path) if len(keys) == 1 else _join_loc(path[:-1])
+    return f"{where}: unknown key{'s' if len(keys) > 1 else ''} {named}; allowed keys here: {', '.join(allowed)}"
+
+
 def _format_one(err: dict[str, Any]) -> str:
-    loc, model = err["loc"]
+    loc, _ = err["loc"]
     path = _join_loc(loc)
     kind = err["type"]
-    if kind == "extra_forbidden":
-        key = str(loc[-1])
-        allowed = sorted(model.model_fields) if model is not None else []
-        return f"{path}: unknown key {shown(key)}{did_you_mean(key, allowed)}; allowed keys here: {', '.join(allowed)}"
     if kind == "missing":
         return f"{path}: required field is missing"
     if kind == "union_tag_invalid":
