@@ -14,8 +14,9 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, NoReturn
 
-from sim.errors import UserError
+from sim.errors import MAX_LINE_CHARS, UserError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "quickstart.yaml"
@@ -29,12 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help()
-        return 2
+        parser.error(f"give a command: {', '.join(_commands(parser))}")
     try:
         return handler(args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(one_line(f"error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -47,11 +47,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose misuse errors are one line, as every other batchsim error.
+
+    argparse prints the whole usage block before its message; here the message and where to
+    find the usage, then exit code 2. Subcommand parsers are of this class too (add_subparsers
+    makes them of the parser's own class).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Which (sub)command was parsed last, so that "unrecognized arguments", which argparse
+        # reports from the top-level parser, can point at that command's --help.
+        self.set_defaults(_help_prog=self.prog)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but unrecognized arguments name the subcommand whose --help lists the right ones."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._fail(f"unrecognized arguments: {' '.join(extras)}", getattr(parsed, "_help_prog", self.prog))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``error: <message> (see <prog> --help)`` on stderr and exit with code 2."""
+        self._fail(message, self.prog)
+
+    def _fail(self, message: str, prog: str) -> NoReturn:
+        see = f" (see {prog} --help)"
+        self.exit(2, one_line(f"error: {message}", MAX_LINE_CHARS - len(see)) + see + "\n")
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(actions[0].choices) if actions else []
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand."""
     from sim.version import __version__
 
-    parser = argparse.ArgumentParser(prog="python -m sim", description="batchsim: LLM inference batching simulator")
+    parser = OneLineParser(prog="python -m sim", description="batchsim: LLM inference batching simulator")
     parser.add_argument("--version", action="version", version=f"batchsim {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_run(sub)
@@ -273,7 +308,7 @@ def _add_traces(sub: argparse._SubParsersAction) -> None:
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.set_defaults(handler=cmd_traces_convert)
-    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+    p.set_defaults(handler=lambda a: p.error(f"give an action: {', '.join(_commands(p))}"))
 
 
 def cmd_traces_fetch(args: argparse.Namespace) -> int:

@@ -38,29 +38,54 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-SHOWN_CHARS = 80
-"""Longest value :func:`shown` quotes: an error line must stay one short line whatever the input."""
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = SHOWN_CHARS
-_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = 6
-_SHORT_REPR.maxlevel = 2
-
-
-def shown(value: object) -> str:
-    """``repr(value)`` for an error message: one line, cut to about :data:`SHOWN_CHARS` characters.
-
-    Only the start of a long string or list is formatted, so a 5 MB cell costs nothing; an
-    integer too long for ``repr`` (over 4300 digits) is described by its size instead.
-    """
-    try:
-        text = _SHORT_REPR.repr(value)
-    except ValueError:  # int too large to format (sys.get_int_max_str_digits)
-        return f"an integer of {value.bit_length() if isinstance(value, int) else '?'} bits"
-    return text if len(text) <= SHOWN_CHARS + 3 else text[:SHOWN_CHARS] + "..."
-
-
 class MissingDataError(UserError):
     """A data file the scenario needs (a trace, a profile folder) is not on this machine.
 
     ``python -m sim report`` skips scenarios that raise this, and says so, instead of failing.
     """
+
+
+MAX_VALUE_CHARS = 80
+"""Longest echo of a user's value in an error message."""
+
+MAX_LINE_CHARS = 500
+"""Longest error line the CLI prints."""
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` unchanged if it fits in ``limit`` characters, else its start and '…'."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def shown(value: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """A user's value for an error message: its ``repr`` (so newlines show as ``\\n``), cut to ``limit`` characters.
+
+    Numpy scalars show as the Python numbers they hold (``-0.1``, not ``np.float64(-0.1)``); a
+    long string or a container is never formatted whole (a 5 MB name, a list with shared items).
+    """
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, str):
+        return cut(repr(value[: limit + 1]), limit)
+    try:
+        if isinstance(value, (dict, list, tuple, set, frozenset)):
+            return cut(_short_repr(value), limit)
+        return cut(repr(value), limit)
+    except ValueError:  # an int beyond Python's 4300-digit str() limit
+        return f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<unprintable value>"
+
+
+def _short_repr(value: object) -> str:
+    """A bounded ``repr`` of a container: a few items of a few levels, whatever its size."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxstring, short.maxother = 3, 4, 6, 40, 40
+    return short.repr(value)
+
+
+def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """A message as one line of at most ``limit`` characters: line breaks shown as ``\\n``, the rest cut."""
+    return cut(text.replace("\r\n", "\n").translate(_LINE_BREAKS), limit)
+
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+"""Every character str.splitlines() breaks at, as its escape."""

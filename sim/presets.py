@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sim.errors import UserError, did_you_mean
+from sim.errors import UserError, cut, did_you_mean, shown
 
 VLLM_06_CPU: dict[str, Any] = {
     "step_ms": 1.0, "step_us_per_seq": 40.0, "pass_ms": 0.2, "pass_us_per_seq": 6.5, "overlap_step": False,
@@ -123,17 +123,15 @@ def expand_preset(entry: dict[str, Any], facts: DeploymentFacts) -> dict[str, An
     name = entry.get("preset")
     if name is None:
         return entry
-    if name not in PRESETS:
-        raise UserError(
-            f"policies[{entry.get('name', '?')}].preset = {name!r}: unknown preset{did_you_mean(str(name), PRESETS)}; "
-            f"allowed: {', '.join(PRESETS)}"
-        )
+    label = f"policies[{cut(str(entry.get('name', '?')), 40)}]"
+    if not isinstance(name, str) or name not in PRESETS:  # a list or mapping from --set cannot be looked up
+        hint = did_you_mean(name, PRESETS) if isinstance(name, str) else ""
+        raise UserError(f"{label}.preset = {shown(name)}: unknown preset{hint}; allowed: {', '.join(PRESETS)}")
     defaults = PRESETS[name].fields(facts)
     kind = entry.get("kind")
     if kind is not None and kind != defaults["kind"]:
         raise UserError(
-            f"policies[{entry.get('name', '?')}].kind = {kind!r}: preset {name} is kind {defaults['kind']!r}; "
-            "drop kind or the preset"
+            f"{label}.kind = {shown(kind)}: preset {name} is kind {defaults['kind']!r}; drop kind or the preset"
         )
     return {**{k: v for k, v in defaults.items() if v is not None}, **entry}
 

@@ -6,7 +6,12 @@ example: a property that holds would fail at random. Properties here are judged 
 assert, so no deadline.
 """
 
+import os
+
 from hypothesis import settings
 
 settings.register_profile("batchsim", deadline=None)
-settings.load_profile("batchsim")
+# A longer run of every property and fuzz test (tests/test_fuzz_scenarios.py keeps a smaller fixed
+# budget under the default profile): HYPOTHESIS_PROFILE=batchsim-deep python -m pytest ...
+settings.register_profile("batchsim-deep", deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "batchsim"))

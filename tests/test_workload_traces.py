@@ -91,7 +91,7 @@ def test_a_long_cell_is_cut_short_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(UserError) as err:
         load_trace(str(_write(tmp_path, "0.0,10,5\n1.0," + "x" * 100_000 + ",5\n")))
     message = str(err.value)
-    assert "line 3" in message and "xxx..." in message and len(message) < 400
+    assert "line 3" in message and "xxx…" in message and len(message) < 400
 
 
 def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ refuse the same things with the same line. Loading and overrides live in :mod:`s
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -154,8 +155,8 @@ class Scenario(StrictModel):
     @field_validator("policies")
     @classmethod
     def _unique_names(cls, policies: list[Any]) -> list[Any]:
-        names = [p.name for p in policies]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(p.name for p in policies)  # not list.count per name: quadratic in the number of policies
+        dupes = sorted(name for name, count in counts.items() if count > 1)
         if dupes:
             raise ValueError(f"policy names must be unique; repeated: {', '.join(dupes)}")
         return policies

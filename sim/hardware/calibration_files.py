@@ -2,16 +2,16 @@
 
 The committed files live in ``sim/hardware/calibrations/``: one per (model, GPU, TP) plus
 one roofline (transfer) file per profiled GPU. The offline pipeline that writes them is
-:mod:`sim.calibration`; a run only reads, so this module needs YAML and nothing else.
+:mod:`sim.calibration`; a run only reads, so this module needs YAML (read within the size and alias budget of
+:mod:`sim.io.yaml_reader`) and nothing else.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from sim.errors import UserError
+from sim.io.yaml_reader import read_yaml_file
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibrations"
 ROOFLINE_FILE = "a100-80gb_roofline.yaml"
@@ -43,11 +43,7 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"calibration file not found: {path}")
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    data = read_yaml_file(path, what="calibration file")
     if not isinstance(data, dict) or "format" not in data:
         raise UserError(f"{path}: not a batchsim calibration file (no 'format' key)")
     return data

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-import yaml
 
 from sim.errors import UserError
 from sim.io.parquet import PARQUET_FILES, require_pyarrow, wants_parquet, write_records_parquet
@@ -56,6 +55,7 @@ from sim.io.safe_paths import Target, check_target, shown
 from sim.io.safe_write import atomic_file, make_folders, remove_folders, write_error  # noqa: F401 (re-exported)
 from sim.io.scenario import resolved_yaml
 from sim.io.siblings import current_umask, old_name, remove_path, stale_siblings, tmp_prefix
+from sim.io.yaml_reader import first_key, read_text_file
 
 if TYPE_CHECKING:
     from sim.result import RunData
@@ -203,11 +203,14 @@ def _listed(names: list[str]) -> str:
 
 
 def _has_version(path: Path) -> bool:
-    try:  # YAML reads the JSON markers too
-        document = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(document, dict) and "batchsim_version" in document
+    if path.suffix == ".json":  # a sweep's or a capacity search's marker (batchsim_version may come later)
+        try:
+            document = json.loads(read_text_file(path, what="marker file"))
+        except (UserError, ValueError):
+            return False
+        return isinstance(document, dict) and "batchsim_version" in document
+    # batchsim writes batchsim_version as the first key; reading no further keeps any file here cheap to check.
+    return first_key(path) == "batchsim_version"
 
 
 def write_marker(folder: Path, command: str, **facts: object) -> None:

@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import yaml
 
 from sim.config import Scenario
 from sim.config.overrides import split_path
-from sim.errors import UserError
+from sim.errors import UserError, shown
+from sim.io.yaml_reader import parse_option_value
 
 RESERVED_COLUMNS = ("seed", "point", "error")
 """Columns the sweep table adds itself; a parameter may not use these names."""
@@ -47,13 +47,10 @@ def parse_param_option(text: str) -> tuple[str, list[Any]]:
 
 
 def _parse_scalar(path: str, item: str) -> Any:
-    try:
-        value = yaml.safe_load(item)
-    except yaml.YAMLError:
-        return item
+    value = parse_option_value(item, f"--param {path}")
     if not isinstance(value, _SCALARS):
         raise UserError(
-            f"--param {path}: value '{item}' is not a single number, word or true/false"
+            f"--param {path}: value {shown(item)} is not a single number, word or true/false"
         )
     return value
 
