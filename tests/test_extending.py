@@ -27,10 +27,8 @@ def test_a_new_policy_needs_its_own_file_and_one_table_row(tmp_path: Path) -> No
     (package / "policies" / "shortest_first.py").write_text(_example())
     table = package / "policies" / "table.py"
     text = table.read_text()
-    text = text.replace(
-        "from sim.policies.static import StaticPolicy\n",
-        "from sim.policies.shortest_first import ShortestFirstPolicy\nfrom sim.policies.static import StaticPolicy\n",
-    )
+    static = "from sim.policies.static import StaticPolicy\n"
+    text = text.replace(static, "from sim.policies.shortest_first import ShortestFirstPolicy\n" + static)
     text = text.replace('    "chunked_prefill": ChunkedPrefillPolicy,\n',
                         '    "chunked_prefill": ChunkedPrefillPolicy,\n    "shortest_first": ShortestFirstPolicy,\n')  # fmt: skip
     table.write_text(text)

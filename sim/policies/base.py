@@ -148,7 +148,7 @@ class Policy(ABC):
     no request arrives, leaves, times out or is preempted, the time alone does not matter and
     free KV blocks only shrink, provided the decode step's blocks fit."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any) -> None:  # noqa: B027 - a policy needing nothing from its config keeps it
         """Build the policy from its config (an instance of ``config_class``)."""
 
     @abstractmethod
