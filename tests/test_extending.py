@@ -29,8 +29,8 @@ def test_a_new_policy_needs_its_own_file_and_one_table_row(tmp_path: Path) -> No
     text = table.read_text()
     static = "from sim.policies.static import StaticPolicy\n"
     text = text.replace(static, "from sim.policies.shortest_first import ShortestFirstPolicy\n" + static)
-    text = text.replace('    "chunked_prefill": ChunkedPrefillPolicy,\n',
-                        '    "chunked_prefill": ChunkedPrefillPolicy,\n    "shortest_first": ShortestFirstPolicy,\n')  # fmt: skip
+    row = '    "chunked_prefill": ChunkedPrefillPolicy,\n'
+    text = text.replace(row, row + '    "shortest_first": ShortestFirstPolicy,\n')
     table.write_text(text)
     script = """
 import sim
