@@ -19,7 +19,7 @@ from sim.config import DisaggregationConfig, PoolConfig
 from sim.errors import UserError
 from sim.hardware.catalog import get_gpu
 from sim.hardware.cost_model import load_cost_model
-from sim.hardware.draft import draft_cost_models
+from sim.hardware.draft import draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget, kv_bytes_per_token
 from sim.metrics.summary import percentile, summarize_run
 from sim.resolve import ResolvedScenario, prefix_caching_on
@@ -58,10 +58,15 @@ def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> 
             block_size=memory.block_size, activation_reserve_gb=memory.activation_reserve_gb,
             kv_blocks=memory.kv_blocks,
         )  # fmt: skip
-        cost = load_cost_model(scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead)
+        cost = load_cost_model(  # a MoE model's expert split applies to every pool's replicas too
+            scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead,
+            expert_parallel=scenario.expert_parallel,
+        )  # fmt: skip
         drafts = draft_cost_models(
             [policy], resolved.model, gpu, config.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
         )
+        for draft in draft_models([policy], resolved.model).values():  # its weights and KV share the pool's GPUs
+            kv = kv_with_draft(kv, draft, config.tensor_parallel)
     except UserError as exc:
         where = f"{field}.{exc.field}" if exc.field else field
         where = where.replace(f"{field}.policies[0]", f"{field}.policy")

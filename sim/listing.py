@@ -65,10 +65,9 @@ def _gpu_cost_model(gpu: str) -> str:
 
 
 def _policies() -> list[str]:
-    from sim.policies import POLICIES
+    from sim.policies.table import POLICIES
 
-    configs = {cls.model_fields["kind"].default: cls for cls in _members(config.PolicyConfig)}
-    return [f"{kind:<16} {(configs[kind].__doc__ or '').strip()}" for kind in POLICIES]
+    return [f"{kind:<16} {(cls.config_class.__doc__ or '').strip()}" for kind, cls in POLICIES.items()]
 
 
 def _presets() -> list[str]:

@@ -14,13 +14,13 @@ import numpy as np
 
 from sim.checks import check_arrival_span, check_context_window
 from sim.config import Scenario
-from sim.config.policies import RESERVE_KINDS
 from sim.errors import UserError
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.draft import DraftModel, draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget
 from sim.hardware.utilization import PassWork
+from sim.policies.table import POLICIES
 from sim.serving.setup import EngineSetup, ReplicaSetup
 from sim.workload.source import build_request_stream
 from sim.workload.stream import RequestStream
@@ -122,7 +122,7 @@ def prefix_caching_on(scenario: Scenario, policy: Any) -> bool:
     """Whether ``policy`` runs with prefix caching: its own setting, else memory.prefix_caching,
     and never for reserve-memory kinds (static, continuous)."""
     own = getattr(policy, "prefix_caching", None)
-    return bool(scenario.memory.prefix_caching if own is None else own) and policy.kind not in RESERVE_KINDS
+    return bool(scenario.memory.prefix_caching if own is None else own) and POLICIES[policy.kind].memory == "paged"
 
 
 def resolve(scenario: Scenario) -> ResolvedScenario:

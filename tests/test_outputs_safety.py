@@ -68,7 +68,7 @@ def test_foreign_folder_refused_before_simulating(tmp_path: Path, no_simulation:
 
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:")
-    assert str(out) in lines[0] and "notes.txt" in lines[0]
+    assert out.name in lines[0] and "notes.txt" in lines[0]  # a long path is cut in its middle, never its end
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert (out / "notes.txt").read_text() == "my thesis"
     assert siblings(out) == []

@@ -42,7 +42,8 @@ EXTRAS = {name: _declared(reqs) for name, reqs in PYPROJECT["project"]["optional
 def _third_party_imports(folder: Path) -> dict[str, set[str]]:
     """Top-level module name -> files importing it, for absolute imports outside the stdlib."""
     found: dict[str, set[str]] = {}
-    local = {"sim", "fakes"} | {p.stem for p in folder.glob("*.py")}  # sibling modules (bench_engine, ...)
+    # Sibling modules (bench_engine, ...) and the repository's own scripts (update_readme), which tests import.
+    local = {"sim", "fakes"} | {p.stem for p in folder.glob("*.py")} | {p.stem for p in (REPO / "scripts").glob("*.py")}
     for path in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from sim.config.base import Float, Int, StrictModel
 from sim.config.policies import PolicyConfig
@@ -23,12 +23,6 @@ LINK_DEFAULTS: dict[str, tuple[float, float]] = {
 }
 """Link kind -> (GB/s per GPU pair and direction, latency in µs): A100 NVLink 3 (600 GB/s both
 ways), HDR InfiniBand (200 Gb/s per GPU NIC), PCIe 4.0 x16 (as Splitwise's PCIe case)."""
-
-PREFILL_POLICY_KINDS = ("paged", "chunked_prefill")
-"""Policies a prefill pool may run: paged memory, a token budget per pass (prefill only there)."""
-DECODE_POLICY_KINDS = ("continuous", "paged", "chunked_prefill")
-"""Policies a decode pool may run (static batching cannot take requests one by one)."""
-
 
 class PoolConfig(StrictModel):
     """One pool of identical replicas (prefill or decode)."""
@@ -85,16 +79,6 @@ class DisaggregationConfig(StrictModel):
         description="'after_prefill': the KV is sent once the prefill pass ends; 'layerwise': each layer's KV "
         "is sent while later layers compute, so only what the last prefill pass cannot hide remains.",
     )
-
-    @model_validator(mode="after")
-    def _pool_policies(self) -> DisaggregationConfig:
-        for pool, allowed in (("prefill", PREFILL_POLICY_KINDS), ("decode", DECODE_POLICY_KINDS)):
-            kind = getattr(self, pool).policy.kind
-            if kind not in allowed:
-                raise ValueError(
-                    f"{pool}.policy.kind = '{kind}' cannot run a {pool} pool; allowed: {', '.join(allowed)}"
-                )
-        return self
 
 
 def expand_pool_presets(data: dict[str, Any], facts_for: Any) -> dict[str, Any]:

@@ -116,6 +116,8 @@ def _format_one(err: dict[str, Any]) -> str:
         return f"{path}.kind = {shown(tag)}: unknown kind{did_you_mean(str(tag), options)}; allowed: {expected}"
     if kind == "union_tag_not_found":
         return f"{path}: needs a 'kind' key to say which variant it is"
+    if not loc:  # a whole-scenario check (sim.config.compat): its message names its fields itself
+        return _message(err)
     return f"{path} = {_value(err)}: {_message(err)}"
 
 

@@ -254,6 +254,12 @@ class Workload(StrictModel):
         description="Multi-turn sessions: prompt_tokens draws each new user message; arrivals start sessions "
         "(default: independent requests).",
     )
+    text: Literal["chat", "code", "summarization", "random"] = Field(
+        "chat",
+        description="What the requests ask for: sets how often a speculative drafter guesses right (a policy's "
+        "speculative.acceptance_rate, unless it sets one; docs/speculative.md): 'random' tokens are never "
+        "predicted, code and summarization (outputs that copy the input) more often than open chat.",
+    )
     order: Literal["arrival", "prompt_ascending", "prompt_descending"] = Field(
         "arrival",
         description="Send order of the requests: 'arrival' as drawn; 'prompt_ascending'/'prompt_descending' "

@@ -61,6 +61,7 @@ class CostModel:
         label: see above.
         source: see above.
         fit_error: held-out / transfer error per component, as in the calibration.
+        num_layers: transformer blocks of the model (a per-layer share of a pass, e.g. an EAGLE head).
     """
 
     def __init__(
@@ -74,7 +75,7 @@ class CostModel:
     ) -> None:
         self.label, self.source = label, source
         self.fit_error = calibration.get("fit_error", {})
-        layers = model.num_layers
+        layers = self.num_layers = model.num_layers
         lin, lm = calibration["linear"], calibration["lm_head"]
         self._linear = PiecewiseLinear(lin["tokens"], lin["ms"]).scaled(y_scale=_MS)
         self._lm_head = PiecewiseLinear(lm["rows"], lm["ms"]).scaled(y_scale=_MS)

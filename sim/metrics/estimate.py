@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.policies.table import POLICIES
 from sim.resolve import ResolvedScenario, resolve
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
         return 0.0
     batch = min(_full_batch(resolved, policy), _load_batch(resolved))
     outputs = stream.output_tokens
-    if policy.kind != "static":
+    if not POLICIES[policy.kind].holds_slots:
         return float(outputs.sum()) / batch
     size = max(1, round(batch))  # a static batch decodes until its longest output ends
     return float(np.maximum.reduceat(outputs, np.arange(0, len(outputs), size)).sum())
@@ -113,7 +114,7 @@ def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
 def _full_batch(resolved: ResolvedScenario, policy: Any) -> float:
     """Most sequences one replica can batch: max_batch_size, or what its KV cache holds."""
     stream = resolved.stream
-    reserve = policy.kind in ("static", "continuous")  # reserve prompt + max output at admission
+    reserve = POLICIES[policy.kind].memory == "reserve"  # prompt + max output reserved at admission
     per_request = stream.prompt_tokens.mean() + (stream.max_output_tokens if reserve else stream.output_tokens.mean())
     return max(1.0, min(float(policy.max_batch_size), resolved.kv.capacity_tokens / per_request))
 

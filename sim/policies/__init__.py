@@ -1,47 +1,28 @@
-"""Batching policies: one explicit table from config kind to policy class.
+"""Batching policies: one explicit table from config kind to policy class (:mod:`sim.policies.table`).
 
 Each policy only decides what the next iteration runs (``schedule(view) -> IterationPlan``);
-the engine in :mod:`sim.serving` owns time, memory and bookkeeping.
+the engine in :mod:`sim.serving` owns time, memory and bookkeeping. The names below load on
+first use, so a policy module can import the config layer without an import cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from sim.errors import UserError, did_you_mean
-from sim.policies.base import IterationPlan, Policy, SchedulerView
-from sim.policies.chunked_prefill import ChunkedPrefillPolicy
-from sim.policies.continuous import ContinuousPolicy
-from sim.policies.paged import PagedPolicy
-from sim.policies.static import StaticPolicy
-
-POLICIES: dict[str, Callable[[Any], Policy]] = {
-    "static": StaticPolicy,
-    "continuous": ContinuousPolicy,
-    "paged": PagedPolicy,
-    "chunked_prefill": ChunkedPrefillPolicy,
-}
-"""Policy kind (the config's ``kind``) -> policy class."""
-
-
-def make_policy(config: Any) -> Policy:
-    """Build the policy a config describes.
-
-    Args:
-        config: a policy config from :mod:`sim.config` (StaticPolicyConfig, ...).
-
-    Raises:
-        UserError: the config's kind is not a known policy.
-    """
-    kind = getattr(config, "kind", None)
-    if kind not in POLICIES:
-        raise UserError(
-            f"unknown policy kind {kind!r}{did_you_mean(str(kind), POLICIES)}; "
-            f"choose one of {', '.join(POLICIES)}",
-            field="policies.kind",
-        )
-    return POLICIES[kind](config)
-
+from sim.lazy import lazy_attributes
 
 __all__ = ["POLICIES", "IterationPlan", "Policy", "SchedulerView", "make_policy"]
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "POLICIES": "sim.policies.table",
+        "make_policy": "sim.policies.table",
+        "IterationPlan": "sim.policies.base",
+        "Policy": "sim.policies.base",
+        "SchedulerView": "sim.policies.base",
+    },
+)
+
+if TYPE_CHECKING:
+    from sim.policies.base import IterationPlan, Policy, SchedulerView
+    from sim.policies.table import POLICIES, make_policy

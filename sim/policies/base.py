@@ -19,7 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 MemoryMode = Literal["reserve", "paged"]
 VLLM_WATERMARK_FRACTION = 0.01
@@ -122,20 +122,34 @@ class SchedulerView(Protocol):
 class Policy(ABC):
     """A batching policy: decides what the next iteration runs, nothing else.
 
-    Class attributes tell the engine the memory discipline the policy assumes:
-    ``memory`` is "reserve" (KV for prompt + max output reserved at admission) or
-    "paged" (blocks allocated as tokens are computed); ``holds_slots`` keeps finished
-    sequences in the batch, with their KV, until the whole batch is done (static);
+    Class attributes are the policy's traits, the one place they are stated (the engine, the
+    feature table :mod:`sim.config.compat` and the size estimates read them): ``memory`` is
+    "reserve" (KV for prompt + max output reserved at admission) or "paged" (blocks
+    allocated as tokens are computed; prefix caching needs it); ``holds_slots`` keeps
+    finished sequences in the batch, with their KV, until the whole batch is done (static);
+    ``speculates``, ``multi_step`` and ``pool_roles`` say which features it runs;
     ``steady_decode`` is the promise described below.
     """
 
+    config_class: ClassVar[type]
+    """The pydantic config of this kind (its ``kind`` literal names the policy in scenarios)."""
     memory: ClassVar[MemoryMode] = "reserve"
     holds_slots: ClassVar[bool] = False
+    speculates: ClassVar[bool] = True
+    """Its decode steps may be decorated with speculative decoding."""
+    multi_step: ClassVar[bool] = False
+    """It plans blocks of decode passes (``num_scheduler_steps``)."""
+    pool_roles: ClassVar[frozenset[str]] = frozenset({"prefill", "decode"})
+    """The disaggregated pools it can run: 'prefill' needs a per-pass token budget and paged memory
+    (only prefills run there), 'decode' taking requests one by one."""
     steady_decode: ClassVar[bool] = False
     """A promise that lets the engine merge decode passes: when this policy plans a pure decode
     pass (decode, no prefill, no preemption, one step), it plans the same pass again as long as
     no request arrives, leaves, times out or is preempted, the time alone does not matter and
     free KV blocks only shrink, provided the decode step's blocks fit."""
+
+    def __init__(self, config: Any) -> None:  # noqa: B027 - a policy needing nothing from its config keeps it
+        """Build the policy from its config (an instance of ``config_class``)."""
 
     @abstractmethod
     def schedule(self, view: SchedulerView) -> IterationPlan:

@@ -14,8 +14,12 @@ at least the sequence limit; admission in budget order keeps this anyway).
 from __future__ import annotations
 
 from functools import partial
+from typing import Literal
 
-from sim.config import ChunkedPrefillPolicyConfig
+from pydantic import Field
+
+from sim.config.base import MAX_TOKENS, Int
+from sim.config.policy_base import PolicyConfigBase
 from sim.policies.base import (
     IterationPlan,
     Policy,
@@ -28,6 +32,22 @@ from sim.policies.base import (
 )
 
 
+class ChunkedPrefillPolicyConfig(PolicyConfigBase):
+    """Sarathi-Serve: a per-iteration token budget; decodes first, prefills chunked into the rest; paged KV."""
+
+    kind: Literal["chunked_prefill"] = "chunked_prefill"
+    max_batch_size: Int = Field(256, ge=1, le=1_000_000, description="Most sequences in one iteration.")
+    chunk_size: Int = Field(
+        512, ge=1, le=MAX_TOKENS, description="Token budget of every iteration (decodes + prefill chunks)."
+    )
+    allocate: Literal["chunk", "prompt"] = Field(
+        "chunk",
+        description="KV allocation of a prefill: 'chunk' as each chunk is computed (vLLM v1), 'prompt' the "
+        "whole prompt's blocks at admission (Sarathi-Serve, vLLM v0 chunked prefill).",
+    )
+
+
+
 class ChunkedPrefillPolicy(Policy):
     """Sarathi-Serve-style token-budget scheduling on paged memory.
 
@@ -35,6 +55,7 @@ class ChunkedPrefillPolicy(Policy):
         config: the chunked-prefill policy config (max_batch_size, chunk_size).
     """
 
+    config_class = ChunkedPrefillPolicyConfig
     memory = "paged"
     steady_decode = True  # the budget left by the same decodes is the same; fewer free blocks admit no one new
 

@@ -8,8 +8,17 @@ prefilled in the same iteration as the running sequences' decode step.
 
 from __future__ import annotations
 
-from sim.config import ContinuousPolicyConfig
+from typing import Literal
+
+from sim.config.policy_base import PolicyConfigBase
 from sim.policies.base import IterationPlan, Policy, SchedulerView, admit_waiting, head_refused
+
+
+class ContinuousPolicyConfig(PolicyConfigBase):
+    """Orca iteration-level batching: requests join and leave after every iteration; KV reserved for max output."""
+
+    kind: Literal["continuous"] = "continuous"
+
 
 
 class ContinuousPolicy(Policy):
@@ -19,7 +28,9 @@ class ContinuousPolicy(Policy):
         config: the continuous policy config (max_batch_size).
     """
 
+    config_class = ContinuousPolicyConfig
     memory = "reserve"
+    pool_roles = frozenset({"decode"})  # it prefills whole prompts beside decodes: no prefill-only pool
     steady_decode = True  # reserved KV does not change while decoding, so a joiner refused once stays refused
 
     def __init__(self, config: ContinuousPolicyConfig) -> None:

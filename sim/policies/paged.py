@@ -18,8 +18,12 @@ lookahead slots), and the policy is not asked again before the block ends.
 from __future__ import annotations
 
 from functools import partial
+from typing import Literal
 
-from sim.config import PagedPolicyConfig
+from pydantic import Field
+
+from sim.config.base import MAX_TOKENS, Int
+from sim.config.policy_base import PolicyConfigBase
 from sim.policies.base import (
     IterationPlan,
     Policy,
@@ -31,6 +35,17 @@ from sim.policies.base import (
 )
 
 
+class PagedPolicyConfig(PolicyConfigBase):
+    """vLLM v0 (prefill-first, no chunking): paged KV allocated as tokens grow, preemption by recompute."""
+
+    kind: Literal["paged"] = "paged"
+    max_batch_size: Int = Field(
+        256, ge=1, le=1_000_000, description="Most sequences in one iteration (vLLM max_num_seqs)."
+    )
+    max_num_batched_tokens: Int = Field(4096, ge=1, le=MAX_TOKENS, description="Token budget of one prefill iteration.")
+
+
+
 class PagedPolicy(Policy):
     """vLLM v0-style paged scheduling.
 
@@ -39,7 +54,9 @@ class PagedPolicy(Policy):
             num_scheduler_steps).
     """
 
+    config_class = PagedPolicyConfig
     memory = "paged"
+    multi_step = True  # num_scheduler_steps: vLLM 0.6 multi-step scheduling of its v0 engine
     steady_decode = True  # fewer free blocks cannot let a refused prefill in; a fitting decode step needs no victim
 
     def __init__(self, config: PagedPolicyConfig) -> None:

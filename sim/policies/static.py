@@ -10,8 +10,26 @@ to fill, up to that long after the oldest request joined the queue.
 
 from __future__ import annotations
 
-from sim.config import StaticPolicyConfig
+from typing import Literal
+
+from pydantic import Field
+
+from sim.config.base import MAX_DURATION_S, Float
+from sim.config.policy_base import PolicyConfigBase
 from sim.policies.base import IterationPlan, Policy, SchedulerView, admit_waiting
+
+
+class StaticPolicyConfig(PolicyConfigBase):
+    """Request-level batching: a batch runs until its longest sequence ends; nothing joins meanwhile."""
+
+    kind: Literal["static"] = "static"
+    max_wait_s: Float = Field(
+        0.0, ge=0, le=MAX_DURATION_S, description="Wait up to this long for a batch to fill before starting it."
+    )
+    pad_finished: bool = Field(
+        True, description="Finished sequences keep costing compute (padding) until the batch ends."
+    )
+
 
 
 class StaticPolicy(Policy):
@@ -21,9 +39,12 @@ class StaticPolicy(Policy):
         config: the static policy config (max_batch_size, max_wait_s, pad_finished).
     """
 
+    config_class = StaticPolicyConfig
     memory = "reserve"
     steady_decode = True  # a running batch decodes until it is done; nothing joins it
     holds_slots = True
+    speculates = False  # batched generate() drafts for one sequence only (HF assisted generation: batch size 1)
+    pool_roles = frozenset()  # a batch admits no one until it ends: it cannot take requests one by one
 
     def __init__(self, config: StaticPolicyConfig) -> None:
         self.max_batch_size = config.max_batch_size

@@ -30,8 +30,8 @@ import simpy
 from sim.config import AdmissionConfig, ClientConfig, FrontendConfig
 from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import RUNNING, IterationRecords, RequestRecords
-from sim.policies import make_policy
 from sim.policies.base import VLLM_WATERMARK_FRACTION
+from sim.policies.table import make_policy
 from sim.serving.clients import Clients
 from sim.serving.engine import ProgressCallback, SimOutput, passed_progress_mark, run_to_end
 from sim.serving.kv_link import Link, TransferModel
@@ -189,8 +189,8 @@ class DisaggEngine:
             if not self._fits(state, role, need):
                 return
             pending.popleft()
-            role.reserve_incoming(rid, need)
-            self._start_transfer(rid, j, now_s)
+            cached = role.reserve_incoming(rid)
+            self._start_transfer(rid, j, now_s, cached)
 
     def _fits(self, state: ReplicaState, role: PoolRole, need: int) -> bool:
         holders = state.running_count + len(role.receiving)
@@ -199,11 +199,13 @@ class DisaggEngine:
         keep = int(VLLM_WATERMARK_FRACTION * state.blocks.total_blocks) if holders else 0
         return need + keep <= state.blocks.free_blocks
 
-    def _start_transfer(self, rid: int, j: int, now_s: float) -> None:
+    def _start_transfer(self, rid: int, j: int, now_s: float, cached_tokens: int) -> None:
+        """Send the prompt's KV but for the ``cached_tokens`` the decode replica already holds."""
         link = self.links[self.prefill_replica[rid]][j]
         prefill_end_s = float(self.records.first_token_s[rid])
         at_once = link.free_at_s <= now_s and now_s == prefill_end_s  # layerwise overlap possible
-        duration_s = self.transfer.duration_s(int(self.stream.prompt_tokens[rid]), self._pass_s[rid] if at_once else 0)
+        tokens = int(self.stream.prompt_tokens[rid]) - cached_tokens
+        duration_s = self.transfer.duration_s(tokens, self._pass_s[rid] if at_once else 0)
         wait_s = link.book(now_s, duration_s)
         self.kv_transfer_s[rid] = wait_s + duration_s
         self.env.timeout(wait_s + duration_s).callbacks.append(lambda _event: self._arrive(rid, j))

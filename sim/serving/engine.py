@@ -19,8 +19,8 @@ import simpy
 from sim.checks import check_requests_fit
 from sim.metrics.itl import ITLRecorder, empty_itl_frame
 from sim.metrics.records import IterationRecords, RequestRecords
-from sim.policies import make_policy
 from sim.policies.base import Policy
+from sim.policies.table import make_policy
 from sim.serving.clients import Clients
 from sim.serving.router import make_router
 from sim.serving.setup import EngineSetup, ReplicaSetup, build_replicas

@@ -145,6 +145,22 @@ class KVMemory:
     def forget_queued(self, rid: int) -> None:
         """Queued request ``rid`` left for good (timed out) without being admitted again."""
 
+    # ------------------------------------------------------------------ KV arriving from elsewhere
+    def incoming_blocks(self, rid: int) -> int:
+        """Free blocks request ``rid`` takes here to receive its prompt's KV from another replica."""
+        return self.blocks_for(int(self._prompt[rid]))
+
+    def receive(self, seq: Seq) -> int:
+        """Take the blocks ``seq``'s prompt KV will arrive in (``seq`` holds them, in no phase, until
+        :meth:`arrived`); returns the prompt tokens already cached here, which need not be sent."""
+        seq.blocks = self.incoming_blocks(seq.rid)
+        self.blocks.allocate(seq.blocks)
+        return 0
+
+    def arrived(self, seq: Seq) -> None:
+        """``seq``'s prompt KV arrived: its blocks hold computed tokens now."""
+        seq.computed_tokens = seq.target_tokens
+
     # ------------------------------------------------------------------ merging guards
     def repeats_allowed(self) -> bool:
         """Whether a pure decode pass may be repeated without asking the policy, as far as
@@ -247,3 +263,7 @@ class ReserveMemory(KVMemory):
 
     def grow_decode(self) -> None:
         """Nothing: reserved at admission."""
+
+    def incoming_blocks(self, rid: int) -> int:
+        """The whole reservation: the prompt's KV and room for the longest output."""
+        return self.blocks_for(int(self._prompt[rid]) + self.reserve_tokens)

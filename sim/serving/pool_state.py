@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sim.serving.memory import Leaving
-from sim.serving.sequences import Seq
+from sim.serving.sequences import GONE, Seq
 
 if TYPE_CHECKING:
     from sim.serving.state import ReplicaState
@@ -44,14 +44,14 @@ class PoolRole:
     Attributes:
         sending: request id -> its sequence, blocks held for a KV transfer still in flight
             (prefill pool).
-        receiving: request id -> blocks reserved for KV on its way here (decode pool).
+        receiving: request id -> its sequence, holding the blocks its KV will arrive in (decode pool).
     """
 
     def __init__(self, handoff: Handoff | None = None, on_boundary: Callable[[float], None] | None = None) -> None:
         self.handoff = handoff
         self.on_boundary = on_boundary
         self.sending: dict[int, Seq] = {}
-        self.receiving: dict[int, int] = {}
+        self.receiving: dict[int, Seq] = {}
         self._state: ReplicaState | None = None
 
     def bind(self, state: ReplicaState) -> None:
@@ -92,40 +92,32 @@ class PoolRole:
 
     # ------------------------------------------------------------------ decode pool
     def transfer_blocks(self, rid: int) -> int:
-        """Blocks ``rid`` needs here to receive its prompt's KV (reserve memory: prompt + max output)."""
-        state = self.state
-        memory, prompt = state.memory, state.prompt_tokens_of(rid)
-        reserve = getattr(memory, "reserve_tokens", None)
-        return memory.blocks_for(prompt + reserve if reserve is not None else prompt)
+        """Free blocks ``rid`` takes here to receive its prompt's KV (reserve memory: prompt + max
+        output; prefix caching: less the prefix cached here)."""
+        return self.state.memory.incoming_blocks(rid)
 
-    def reserve_incoming(self, rid: int, blocks: int) -> None:
-        """Take ``blocks`` blocks for ``rid``'s KV before it is sent."""
-        self.state.memory.allocate(blocks)
-        self.receiving[rid] = blocks
+    def reserve_incoming(self, rid: int) -> int:
+        """Take ``rid``'s blocks before its KV is sent; returns the prompt tokens already cached
+        here (they are not sent)."""
+        state = self.state
+        seq = Seq(rid, (float(state.records.arrival_s[rid]), rid), state.prompt_tokens_of(rid),
+                  state.output_tokens_of(rid), 0)  # fmt: skip
+        seq.phase = GONE  # in no phase of the batch until its KV is here
+        cached = state.memory.receive(seq)
+        self.receiving[rid] = seq
+        return cached
 
     def drop_incoming(self, rid: int) -> None:
         """``rid`` was abandoned while its KV travelled: free its reservation."""
-        self.state.memory.give_back(self.receiving.pop(rid))
+        self.state.memory.release(self.receiving.pop(rid), Leaving.CANCELLED)
 
     def join_decoding(self, rid: int, first_token_s: float) -> None:
         """``rid``'s KV arrived: it joins the decode group with its prompt cached (call between passes)."""
-        state = self.state
-        records = state.records
-        prompt, output = state.prompt_tokens_of(rid), state.output_tokens_of(rid)
-        seq = Seq(rid, (float(records.arrival_s[rid]), rid), prompt, output, 0)
-        seq.computed_tokens = seq.target_tokens
-        seq.blocks = self.receiving.pop(rid)
-        state.join_decoding(seq, first_token_s)
+        seq = self.receiving.pop(rid)
+        self.state.memory.arrived(seq)
+        self.state.join_decoding(seq, first_token_s)
 
     # ------------------------------------------------------------------ audit
     def audit_memory(self, state: ReplicaState, seqs: list[Seq]) -> None:
-        """The memory model's invariants, counting requests being sent as holders and the blocks
-        reserved for incoming KV apart (no request here holds them yet)."""
-        blocks = state.blocks
-        assert 0 <= blocks.used_blocks <= blocks.total_blocks, "KV over capacity"
-        incoming = sum(self.receiving.values())
-        blocks.used_blocks -= incoming
-        try:
-            state.memory.audit(seqs + list(self.sending.values()))
-        finally:
-            blocks.used_blocks += incoming
+        """The memory model's invariants, counting the requests being sent and received as holders."""
+        state.memory.audit(seqs + list(self.sending.values()) + list(self.receiving.values()))

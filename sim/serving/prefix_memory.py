@@ -266,6 +266,45 @@ class PrefixCachedMemory(PagedMemory):
                 self._unkeyed = False  # a keyed request exists now: look it up
         blocks.release(held - registered)
 
+    # ------------------------------------------------------------------ KV arriving from elsewhere
+    def incoming_blocks(self, rid: int) -> int:
+        """Blocks for the prompt's uncached part, plus cached hits that stop being free.
+
+        The prompt's KV arrives computed, so every full prompt block may hit (vLLM's decode
+        instance looks up its own cache first and fetches only the rest: the KV connector's
+        ``get_num_new_matched_tokens`` counts from the locally computed tokens).
+        """
+        _, hits, taken = self._incoming_lookup(rid)
+        return self.blocks_for(int(self._prompt[rid])) - hits + taken
+
+    def receive(self, seq: Seq) -> int:
+        """Take references on the cached prefix and blocks for the rest; the prefix is not sent."""
+        rid = seq.rid
+        keys, hits, _ = self._incoming_lookup(rid)
+        fresh = self.blocks_for(seq.prompt_tokens) - hits
+        self.blocks.acquire(keys[:hits])
+        self.blocks.allocate(fresh)
+        seq.blocks = hits + fresh
+        if keys:  # keyed: it holds its hits and will register the rest when the KV is here
+            self._keys[rid], self._refs[rid], self._registered[rid] = keys, keys[:hits], hits
+        return hits * self.blocks.block_size
+
+    def arrived(self, seq: Seq) -> None:
+        """The prompt's KV is here: its full blocks become cached (a later request may hit them)."""
+        super().arrived(seq)
+        if seq.rid in self._keys:
+            self._register(seq.rid, seq.prompt_tokens)
+
+    def _incoming_lookup(self, rid: int) -> tuple[list[int], int, int]:
+        """(keys, cached full prompt blocks, of those the ones that take a free block); no keys at
+        all for a request without content identity (nobody here can hold its blocks)."""
+        if self._content is None:
+            return _NO_HITS
+        keys = self._content.block_keys(rid, self.blocks.block_size)
+        hits = self.blocks.match(keys, min(len(keys), int(self._prompt[rid]) // self.blocks.block_size))
+        taken = sum(1 for key in keys[:hits] if self.blocks.holders(key) == 0)
+        return keys, hits, taken
+
     def forget_queued(self, rid: int) -> None:
         """A queued preempted request that times out may end the keyed mode."""
         if self._anonymous and self._preemptions[rid]:

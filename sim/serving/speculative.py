@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from sim.serving.state import CostTotals, ReplicaState
 
 
+EAGLE_FALLBACK_RATIO = 0.05
+"""A draft step as a share of a target decode step, for cost models without a per-component breakdown."""
+
+
 @dataclass(frozen=True)
 class Speculation:
     """One run's speculative-decoding setup, shared by its replicas.
@@ -61,13 +65,36 @@ class Speculation:
         method = self.config.method
         if method == "ngram":
             return 0.0
+        if method == "eagle" and self.config.draft_cost_ratio is None:
+            step = self._eagle_step_s
+            return sum(step(n, kv) for n, kv in zip(seqs_by_pass, kv_by_pass, strict=True) if n)
         if method == "eagle":
             price, scale = self.target.time_from_totals_s, self.config.draft_cost_ratio
         else:
             assert self.draft is not None, "method draft_model without a draft cost model"
             price, scale = self.draft.time_from_totals_s, 1.0
+        assert scale is not None
         total = sum(price(0, 0, 0.0, n, kv) for n, kv in zip(seqs_by_pass, kv_by_pass, strict=True) if n)
         return scale * total
+
+    def _eagle_step_s(self, seqs: int, kv_tokens: int) -> float:
+        """One forward of an EAGLE head for ``seqs`` sequences: one decoder layer of the target's shape
+        (its linear ops, attention over the sequences' KV, its all-reduces), the LM head over every
+        sequence, and the step's own host and launch time (``draft_step_ms``).
+
+        EAGLE's head is a single transformer layer on the target's hidden states, decoded through
+        the target's (or a same-width) LM head (Li et al., ICML 2024; EAGLE-3, 2025); vLLM runs one
+        such forward per draft token (``EagleProposer.propose``). A cost model without a breakdown
+        (test fakes) prices the layer and head as :data:`EAGLE_FALLBACK_RATIO` of a decode step.
+        """
+        host_s = self.config.draft_step_ms * 1e-3
+        breakdown = getattr(self.target, "breakdown_from_totals_s", None)
+        layers = getattr(self.target, "num_layers", None)
+        if breakdown is None or not layers:
+            return EAGLE_FALLBACK_RATIO * self.target.time_from_totals_s(0, 0, 0.0, seqs, kv_tokens) + host_s
+        parts = breakdown(0, 0, 0.0, seqs, kv_tokens)
+        layer_s = (parts["linear"] + parts.get("attention_decode", 0.0) + parts.get("all_reduce", 0.0)) / layers
+        return layer_s + parts["lm_head"] + host_s
 
     def correction_s(self, counted_rows: int, sampled_rows: int, verify: CostTotals) -> float:
         """What the prefill form misses in a verification pass (0 for a cost model without a breakdown).
