@@ -275,17 +275,31 @@ def test_progress_is_silent_when_stderr_is_redirected(tmp_path: Path) -> None:
     assert RunProgress(file=io.StringIO(), delay_s=0)("static", 10) is None
 
 
+class FakeClock:
+    """A clock that moves only when the test sets it: frames do not depend on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_progress_on_a_terminal_honours_delay_and_throttles_frames() -> None:
+    clock = FakeClock()
     quiet = FakeTerminal()
-    bar = RunProgress(file=quiet, delay_s=60)("static", 1000)
+    bar = RunProgress(file=quiet, delay_s=60, clock=clock)("static", 1000)
     for done in range(1000):
+        clock.now = done * 0.05  # 50 s of calls, all before the delay is up
         bar(float(done), done)
     bar.close()
     assert quiet.getvalue() == ""
 
+    clock.now = 0.0
     shown = FakeTerminal()
-    bar = RunProgress(file=shown, delay_s=0)("vllm-v0", 50_000, index=2, count=3)
+    bar = RunProgress(file=shown, delay_s=0, clock=clock)("vllm-v0", 50_000, index=2, count=3)
     for done in range(50_000):
+        clock.now = done * 1e-4  # 5 s of calls, one every 0.1 ms
         bar(float(done), done)
     bar.close()
     assert "vllm-v0 2/3" in shown.getvalue() and "left" in shown.getvalue()
