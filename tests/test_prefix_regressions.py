@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from budget import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_prefix_allocator import Cost, _stream
 
@@ -80,7 +81,7 @@ def cases(draw: st.DrawFn) -> tuple[object, object, dict[str, object]]:
     return stream, draw(st.sampled_from(POLICIES)), kwargs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.2))
 @given(cases())
 def test_small_caches_with_shared_prefixes_keep_the_books(case: tuple[object, object, dict[str, object]]) -> None:
     """Every paged policy (whole-prompt allocation included), shared prefixes, KV from the least
