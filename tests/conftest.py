@@ -10,6 +10,7 @@ Both judge properties on what they assert, never on time: Hypothesis's per-examp
 (200 ms) and its too-slow health check measure wall time, which on a shared two-core CI machine
 includes other processes and one-off costs such as the lazy scipy import of the first example,
 so a property that holds would fail at random.
+
 """
 
 import os

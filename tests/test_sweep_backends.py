@@ -121,6 +121,12 @@ def test_unreachable_ray_cluster_is_a_user_error(
     base: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # A machine with no Ray: "auto" would also join any Ray running here (another pytest worker's,
+    # another user's), found through the cluster file and a scan of the processes; hide both.
+    from ray._private import services
+
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    monkeypatch.setattr(services, "find_gcs_addresses", frozenset)
     with pytest.raises(UserError, match="cannot reach a Ray cluster"):
         sweep(base, {"workload.requests": [20]}, backend="ray", address="auto")
 
