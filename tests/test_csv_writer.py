@@ -56,6 +56,7 @@ def _both(frame: pd.DataFrame, folder: Path, float_format: str) -> tuple[bytes, 
     return (folder / "pandas.csv").read_bytes(), (folder / "ours.csv").read_bytes()
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1.5), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(frame=frames(), float_format=st.sampled_from(["%.6g", "%.7f", "%.3e"]))
 def test_same_bytes_as_pandas(frame: pd.DataFrame, float_format: str, tmp_path: Path) -> None:

@@ -114,6 +114,7 @@ def _conservation(out, stream, p: int) -> None:
     assert (it["kv_blocks_used"] <= it["kv_blocks_total"]).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(0.25))
 @given(
     seed=st.integers(0, 10_000),

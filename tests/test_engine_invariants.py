@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from budget import examples
 from fakes import LinearCost, make_stream
 from hypothesis import event, given, settings
@@ -107,6 +108,7 @@ def _engine_cpu(draw) -> EngineCPUConfig:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(2.5))
 @given(runs())
 def test_every_request_ends_once_and_the_books_balance(case):

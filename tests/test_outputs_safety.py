@@ -194,6 +194,7 @@ def save_killed(target: Path, seed: int, kill_at: str) -> None:
     assert done.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_kill_while_writing_keeps_the_old_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
     quick_result(1).save(target, plots=False)
@@ -207,6 +208,7 @@ def test_kill_while_writing_keeps_the_old_result(tmp_path: Path, refs: dict) -> 
     assert siblings(target) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(outputs._renameat2() is None, reason="no renameat2 on this platform")
 def test_kill_after_the_exchange_keeps_the_new_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
@@ -220,6 +222,7 @@ def test_kill_after_the_exchange_keeps_the_new_result(tmp_path: Path, refs: dict
     assert siblings(target) == []
 
 
+@pytest.mark.slow
 def test_kill_between_fallback_renames_recovers_the_old_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
     quick_result(1).save(target, plots=False)

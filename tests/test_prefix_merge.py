@@ -53,6 +53,7 @@ def _check_and_tag(stream: object, policy: object, kwargs: dict[str, object]) ->
         event("evicted")
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1.5))
 @given(runs().filter(lambda case: case[1].kind in ("paged", "chunked_prefill")))
 def test_streams_without_content_merge_identically(case: tuple[object, object, dict[str, object]]) -> None:
@@ -72,6 +73,7 @@ def shared_prefix_cases(draw: st.DrawFn) -> tuple[object, object, dict[str, obje
     return stream, policy, kwargs
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1.5))
 @given(shared_prefix_cases())
 def test_shared_prefixes_on_small_caches_merge_identically(case: tuple[object, object, dict[str, object]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -81,6 +82,7 @@ def cases(draw: st.DrawFn) -> tuple[object, object, dict[str, object]]:
     return stream, draw(st.sampled_from(POLICIES)), kwargs
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1.2))
 @given(cases())
 def test_small_caches_with_shared_prefixes_keep_the_books(case: tuple[object, object, dict[str, object]]) -> None:

@@ -28,6 +28,7 @@ def _run(stream, policy, kwargs, merge: bool) -> tuple[Engine, object]:
     return engine, engine.run()
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(3))
 @given(runs())
 def test_merging_on_and_off_give_identical_records(case):

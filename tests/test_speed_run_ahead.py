@@ -64,6 +64,7 @@ def _run(stream, policy, kwargs, merge: bool, cost=COST):
     return engine, engine.run()
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(2))
 @given(runs())
 def test_decode_only_says_yes_only_before_a_pure_decode_plan(case):

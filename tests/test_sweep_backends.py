@@ -86,10 +86,12 @@ def test_swept_values_reach_the_runs(serial: pd.DataFrame) -> None:
     assert (serial["throughput_rps"] <= serial["workload.arrival.rate"] * 1.5).all()
 
 
+@pytest.mark.slow
 def test_pool_of_two_is_identical_to_in_process(base: Scenario, serial: pd.DataFrame) -> None:
     assert_identical(sweep(base, PARAMS, SEEDS, workers=2), serial)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')"
 )
