@@ -120,8 +120,8 @@ def uninterrupted(scenario_file: Path, tmp_path_factory: pytest.TempPathFactory)
     return (out / "sweep.csv").read_bytes()
 
 
-@pytest.mark.slow
 # --------------------------------------------------------------------------- tests
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
 def test_killed_sweep_leaves_no_process_behind(scenario_file: Path, tmp_path: Path, signum: int, code: int) -> None:
     process, workers = start_and_wait_for_workers(sweep_command(scenario_file, tmp_path), tmp_path)

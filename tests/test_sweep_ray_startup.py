@@ -200,8 +200,8 @@ def test_the_local_backend_reports_no_startup_and_writes_no_execution(tmp_path: 
     assert open_backend("local", 1).startup is None
 
 
-@pytest.mark.slow
 # --------------------------------------------------------------------------- a real Ray
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')")
 def test_a_real_ray_is_started_once_per_process() -> None:
     base = scenario_from_dict(BASE)  # the real engine: Ray workers cannot import this test module
