@@ -122,6 +122,7 @@ def test_cheap_commands_import_no_scientific_stack(args: list[str]) -> None:
     assert not set(loaded) & {"pandas", "scipy", "matplotlib", "ray"}
 
 
+@pytest.mark.slow
 def test_a_run_without_plots_imports_neither_scipy_nor_matplotlib(tmp_path: Path) -> None:
     loaded = _loaded_after(
         "import sim\n"

@@ -136,6 +136,7 @@ def test_csv_column_order_is_pinned(measured: tuple[SpeedupMap, list[dict[str, A
     assert text == map_markdown(measured[0])
 
 
+@pytest.mark.slow
 def test_workers_do_not_change_the_numbers() -> None:
     config = MapConfig(classes=("short",), loads=(0.7,), batch_sizes=(4,), seeds=(3,), batches_per_run=3)
     one = measure_map(SCENARIOS, config, log=lambda _: None)

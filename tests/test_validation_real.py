@@ -270,7 +270,7 @@ def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     root = tmp_path_factory.mktemp("report")
     (root / "scenarios").mkdir()
     messages: list[str] = []
-    regenerate_results(root / "scenarios", root / "results", plots=False, log=messages.append)
+    regenerate_results(root / "scenarios", root / "results", plots=False, log=messages.append, studies=["validation"])
     return root / "results", messages
 
 

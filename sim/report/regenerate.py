@@ -14,13 +14,13 @@ the first simulation, so a folder that must not be replaced fails the report at 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from sim.errors import MissingDataError
+from sim.errors import MissingDataError, UserError, did_you_mean
 from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
 from sim.io.safe_paths import check_target, require_input_folder
 from sim.io.scenario import load_scenario
@@ -73,14 +73,14 @@ def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -
 
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
-    "validation/ (real vLLM runs vs their replay)": _validation,
-    "client_advice.{csv,md}": _client_advice,
-    "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
-    "speculative.md, speculative.png": _speculative,
-    "disaggregation.{md,csv,png} (scenarios/disaggregation/)": _disaggregation,
-    "prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)": _prefix_caching,
+    "validation": _validation,  # validation/: real vLLM runs vs their replay
+    "client_advice": _client_advice,  # client_advice.{csv,md}
+    "moe": _moe,  # moe.md, moe/, moe_cost.png (scenarios/moe/)
+    "speculative": _speculative,  # speculative.md, speculative.png
+    "disaggregation": _disaggregation,  # disaggregation.{md,csv,png} (scenarios/disaggregation/)
+    "prefix_caching": _prefix_caching,  # prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)
 }
-"""Reports written after the shipped scenarios, in order, by what they write: each is
+"""Reports written after the shipped scenarios, in order, by name: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the
 report runs) and logs what it wrote or why it skipped."""
 
@@ -106,17 +106,23 @@ def shipped_scenarios(folder: Path) -> list[Path]:
 
 def regenerate_results(
     scenarios_dir: Path, out_dir: Path, *, plots: bool = True, progress: bool = False,
-    log: Callable[[str], None] = print, html: bool = False,
+    log: Callable[[str], None] = print, html: bool = False, studies: Collection[str] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Run every shipped scenario, write its folder (with ``report.html`` when ``html``), then the
-    speedup table; returns summaries by scenario.
+    speedup table and the extra reports; returns summaries by scenario.
+
+    Args:
+        studies: names from :data:`EXTRA_REPORTS` to write after the scenarios (default: all of
+            them; empty: none). A test that checks one report runs only that one.
 
     Raises:
         UserError: ``scenarios_dir`` is not a folder holding scenario files, ``out_dir`` cannot be a
-            folder, or a scenario or its output folder is refused; all checked before anything runs.
+            folder, a scenario or its output folder is refused, or a study name is unknown; all checked
+            before anything runs.
     """
     from sim.runner import run
 
+    extras = _extra_reports(studies)
     summaries: dict[str, pd.DataFrame] = {}
     seed_table: dict[str, pd.DataFrame] = {}
     scenarios = [(path, load_scenario(path)) for path in report_scenarios(scenarios_dir, out_dir)]
@@ -140,9 +146,23 @@ def regenerate_results(
         closing = conclusion(speedup_map) if speedup_map is not None else None
         write_speedup(seed_table, out_dir, plots=plots, conclusion=closing)
         log(f"wrote {out_dir / 'batching_speedup.md'}")
-    for write in EXTRA_REPORTS.values():
+    for write in extras:
         write(out_dir, plots=plots, log=log)
     return summaries
+
+
+def _extra_reports(studies: Collection[str] | None) -> list[ExtraReport]:
+    """The named extra reports in :data:`EXTRA_REPORTS`' order (all for None); UserError for an unknown name."""
+    if studies is None:
+        return list(EXTRA_REPORTS.values())
+    unknown = [name for name in studies if name not in EXTRA_REPORTS]
+    if unknown:
+        name = unknown[0]
+        raise UserError(
+            f"{name!r:.80} is not a study{did_you_mean(str(name), EXTRA_REPORTS)}; studies: {', '.join(EXTRA_REPORTS)}",
+            field="studies",
+        )
+    return [write for name, write in EXTRA_REPORTS.items() if name in studies]
 
 
 def write_speedup(
