@@ -123,7 +123,7 @@ def test_unwritable_parent_refused(tmp_path: Path, no_simulation: None, capsys) 
 
 
 def test_report_refuses_a_foreign_folder_before_simulating(tmp_path: Path, no_simulation: None) -> None:
-    from sim.report.regenerate import regenerate_results
+    from sim.studies.regenerate import regenerate_results
 
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()

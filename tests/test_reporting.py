@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from sim.errors import UserError
-from sim.report.regenerate import EXTRA_REPORTS, SPEEDUP_FOLDER, regenerate_results
+from sim.studies.regenerate import EXTRA_REPORTS, SPEEDUP_FOLDER, regenerate_results
 
 
 def _scenario(name: str, arrival: dict, lengths: bool = True) -> dict:

@@ -3,7 +3,7 @@
 Each scenario's outputs go to ``results/<name>/``; the scenarios under
 ``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}`` and, when all four
 length classes are there, the speedup map ``results/speedup_map.{csv,md}`` and
-``speedup_map_<class>.png`` (:mod:`sim.report.speedup_map`); the real vLLM runs
+``speedup_map_<class>.png`` (:mod:`sim.studies.speedup_map`); the real vLLM runs
 in ``../shared/validation`` are replayed into ``results/validation/`` (skipped, saying so, where
 absent). A scenario
 whose trace is not on this machine is skipped with a message, not an error. Every
@@ -26,7 +26,7 @@ from sim.io.safe_paths import check_target, require_input_folder
 from sim.io.scenario import load_scenario
 
 if TYPE_CHECKING:
-    from sim.report.speedup_map import MapConfig, SpeedupMap
+    from sim.studies.speedup_map import MapConfig, SpeedupMap
 
 SPEEDUP_FOLDER = "seed_table"
 
@@ -38,35 +38,35 @@ def _validation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> No
 
 
 def _client_advice(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.client_advice import write_client_advice
+    from sim.studies.client_advice import write_client_advice
 
     write_client_advice(out_dir)
     log(f"wrote {out_dir / 'client_advice.md'}")
 
 
 def _moe(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.moe import write_moe_report
+    from sim.studies.moe import write_moe_report
 
     write_moe_report(out_dir, plots=plots)
     log(f"wrote {out_dir / 'moe.md'}")
 
 
 def _speculative(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.speculative import write_speculative_report
+    from sim.studies.speculative import write_speculative_report
 
     write_speculative_report(out_dir, plots)
     log(f"wrote {out_dir / 'speculative.md'}")
 
 
 def _disaggregation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.disaggregation import write_disaggregation_report
+    from sim.studies.disaggregation import write_disaggregation_report
 
     write_disaggregation_report(out_dir, plots=plots)
     log(f"wrote {out_dir / 'disaggregation.md'}")
 
 
 def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.prefix_caching import write_prefix_report
+    from sim.studies.prefix_caching import write_prefix_report
 
     write_prefix_report(out_dir, plots=plots)  # logs one line and skips when the Mooncake trace is absent
 
@@ -141,7 +141,7 @@ def regenerate_results(
         log(f"{result.scenario.name}: {len(result.summary)} policies in {result.runtime_s:.1f}s")
     speedup_map = write_speedup_map(scenarios_dir, out_dir, plots=plots, log=log)
     if seed_table:
-        from sim.report.speedup_map_text import conclusion
+        from sim.studies.speedup_map_text import conclusion
 
         closing = conclusion(speedup_map) if speedup_map is not None else None
         write_speedup(seed_table, out_dir, plots=plots, conclusion=closing)
@@ -192,7 +192,7 @@ def write_speedup_map(
     Returns:
         The map, or None (saying so) when a length class's seed-table scenario is absent.
     """
-    from sim.report.speedup_map import CLASS_FILES, MapConfig, measure_map
+    from sim.studies.speedup_map import CLASS_FILES, MapConfig, measure_map
 
     config = config or MapConfig()
     missing = [c for c in config.classes if not (scenarios_dir / SPEEDUP_FOLDER / f"{CLASS_FILES[c]}.yaml").exists()]
@@ -208,7 +208,7 @@ def write_speedup_map(
 
 def save_speedup_map(speedup_map: SpeedupMap, out_dir: Path, *, plots: bool = True) -> None:
     """speedup_map.csv/.md and, with ``plots``, speedup_map_<class>.png into ``out_dir``."""
-    from sim.report.speedup_map_text import map_markdown
+    from sim.studies.speedup_map_text import map_markdown
 
     with atomic_file(out_dir / "speedup_map.csv") as tmp:
         speedup_map.table.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
@@ -217,7 +217,7 @@ def save_speedup_map(speedup_map: SpeedupMap, out_dir: Path, *, plots: bool = Tr
     if not plots:
         return
     from sim.report import plots as figures
-    from sim.report.speedup_map_plot import speedup_heatmap
+    from sim.studies.speedup_map_plot import speedup_heatmap
 
     for name in speedup_map.config.classes:
         with atomic_file(out_dir / f"speedup_map_{name}.png") as tmp:
