@@ -286,7 +286,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Run every shipped scenario and write results/ plus the batching speedup table."""
-    from sim.report.regenerate import regenerate_results
+    from sim.studies.regenerate import regenerate_results
 
     if args.html:
         from sim.report.html import require_plotly

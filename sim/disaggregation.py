@@ -74,6 +74,7 @@ def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> 
     replica = ReplicaSetup(
         cost_model=cost, kv_blocks=kv.num_blocks, block_size=kv.block_size, engine_cpu=engine_cpu,
         prefix_caching=prefix_caching_on(scenario, policy), draft_cost_model=drafts.get(policy.name),
+        cuda_graphs=getattr(policy, "cuda_graphs", None),
     )  # fmt: skip
     return ResolvedPool(field, config, gpu, kv, PoolSpec(policy, replica, config.replicas))
 

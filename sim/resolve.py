@@ -74,6 +74,7 @@ class ResolvedScenario:
             prefix_caching=prefix_caching_on(scenario, policy),
             draft_cost_model=self.draft_cost_models.get(policy.name),
             merge_decode_steps=scenario.engine.merge_decode_steps,
+            cuda_graphs=getattr(policy, "cuda_graphs", None),
         )
 
     def engine_setup(self, policy: Any) -> EngineSetup:

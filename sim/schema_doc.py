@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from sim import config
+from sim.config.policy_base import CUDAGraphsConfig
 
 SECTIONS: list[tuple[str, Any]] = [
     ("Top level", config.Scenario),
@@ -27,6 +28,7 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`policies[]` (by `kind`)", config.PolicyConfig),
     ("`policies[].engine_cpu`", config.EngineCPUConfig),
     ("`policies[].speculative`", config.SpeculativeConfig),
+    ("`policies[].cuda_graphs`", CUDAGraphsConfig),
     ("`policies[].speculative.acceptance_rate` as a distribution (by `kind`)", config.AcceptanceDistribution),
     ("`frontend`", config.FrontendConfig),
     ("`client`", config.ClientConfig),

@@ -96,6 +96,7 @@ def test_api_summary_equals_cli_summary_csv(
     assert_same_numbers(tiny_result.summary.reset_index(drop=True), from_cli, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_save_writes_the_same_files_as_the_cli(
     tiny_file: Path, tiny_result: sim.RunResult, tmp_path: Path
 ) -> None:

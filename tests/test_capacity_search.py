@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,7 @@ def drive(
 rates = st.floats(min_value=1e-2, max_value=1e3, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(threshold=rates, start=rates, tolerance=st.sampled_from([0.001, 0.02, 0.1, 0.3]))
 def test_monotone_threshold_is_found_within_tolerance(
     threshold: float, start: float, tolerance: float
@@ -48,7 +49,6 @@ def test_monotone_threshold_is_found_within_tolerance(
     assert outcome.note == ""
 
 
-@settings(max_examples=100, deadline=None)
 @given(threshold=rates, start=rates)
 def test_search_cost_is_logarithmic(threshold: float, start: float) -> None:
     _, asked = drive(lambda r: r <= threshold, start, 0.02)

@@ -1,4 +1,4 @@
-"""The client-side advice experiments (sim.report.client_advice) and the schema they added:
+"""The client-side advice experiments (sim.studies.client_advice) and the schema they added:
 send order by prompt length, fixed vs exponential retry backoff, closed-loop concurrency,
 max_tokens under KV reservation vs paged memory, the verdict table and its files."""
 
@@ -13,9 +13,9 @@ import pytest
 from fakes import LinearCost, make_stream, setup
 
 from sim.config import AdmissionConfig, ClientConfig, ContinuousPolicyConfig, Workload
-from sim.report import client_advice as ca
 from sim.serving.clients import retry_delay_s
 from sim.serving.engine import simulate
+from sim.studies import client_advice as ca
 from sim.workload import build_request_stream
 from sim.workload.order import send_permutation
 

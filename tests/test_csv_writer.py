@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from budget import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +56,8 @@ def _both(frame: pd.DataFrame, folder: Path, float_format: str) -> tuple[bytes, 
     return (folder / "pandas.csv").read_bytes(), (folder / "ours.csv").read_bytes()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=examples(1.5), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(frame=frames(), float_format=st.sampled_from(["%.6g", "%.7f", "%.3e"]))
 def test_same_bytes_as_pandas(frame: pd.DataFrame, float_format: str, tmp_path: Path) -> None:
     expected, ours = _both(frame, tmp_path, float_format)

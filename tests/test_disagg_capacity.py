@@ -22,6 +22,7 @@ def test_splits_respect_pool_tensor_parallel() -> None:
         splits(Scenario(**raw), 2)
 
 
+@pytest.mark.slow
 def test_split_search_reports_each_split_and_the_colocated_policy() -> None:
     raw = _scenario()
     raw["workload"]["requests"] = 120

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import LinearCost, make_stream
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,7 +116,8 @@ def _conservation(out, stream, p: int) -> None:
     assert (it["kv_blocks_used"] <= it["kv_blocks_total"]).all()
 
 
-@settings(max_examples=25, deadline=None)
+@pytest.mark.slow
+@settings(max_examples=examples(0.25))
 @given(
     seed=st.integers(0, 10_000),
     kv_d=st.integers(130, 400),

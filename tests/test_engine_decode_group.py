@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from budget import examples
 from fakes import decode_group_ops
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from sim.serving.sequences import DECODE, DecodeGroup, Seq
 ops = decode_group_ops(max_size=80)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(st.sampled_from([1, 3, 4, 16]), ops)
 def test_aggregates_match_brute_force(block_size, operations):
     group = DecodeGroup(block_size)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
+from budget import examples
 from fakes import LinearCost, make_stream, setup
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from sim.config import (
@@ -106,7 +108,8 @@ def _engine_cpu(draw) -> EngineCPUConfig:
     )  # fmt: skip
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(2.5))
 @given(runs())
 def test_every_request_ends_once_and_the_books_balance(case):
     stream, policy, kwargs = case

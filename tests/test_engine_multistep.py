@@ -11,8 +11,9 @@ import hashlib
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import LinearCost, decode_group_ops, make_stream, setup
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config import ClientConfig, EngineCPUConfig, PagedPolicyConfig
@@ -147,7 +148,7 @@ def test_a_request_finishing_in_the_block_needs_no_kv_beyond_its_last_token():
 ops = decode_group_ops(max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(st.sampled_from([1, 3, 4, 16]), ops, st.integers(1, 40))
 def test_blocks_over_k_steps_match_a_step_by_step_count(block_size, operations, steps):
     group = DecodeGroup(block_size)
@@ -173,7 +174,7 @@ def test_blocks_over_k_steps_match_a_step_by_step_count(block_size, operations, 
         assert group.blocks_needed_over(steps) == need
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1.2))
 @given(
     st.integers(1, 20), st.integers(2, 12), st.sampled_from([1, 4, 16]), st.integers(0, 3),
     st.booleans(), st.booleans(), st.integers(0, 10_000),

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from budget import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
@@ -146,7 +147,7 @@ def combinations(draw: st.DrawFn) -> tuple[str, set[str], int]:
     return kind, features, draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.25))
 @given(combinations())
 def test_random_combinations_conserve_requests_tokens_and_kv(case: tuple[str, set[str], int]) -> None:
     """Refused at validation with one line, or every request ends completed with all its tokens,

@@ -7,7 +7,7 @@ user mistake must give: exit 0, or exit 2 with exactly one ``error:`` line of at
 characters; never a traceback; nothing written; and a bounded memory peak.
 
 The example count is fixed (:data:`FUZZ_EXAMPLES`, ~20 s on two busy cores); a Hypothesis
-profile with a larger ``max_examples`` raises it, e.g. ``HYPOTHESIS_PROFILE=batchsim-deep``
+profile with a larger ``max_examples`` raises it, e.g. ``HYPOTHESIS_PROFILE=deep``
 (tests/conftest.py).
 """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -189,7 +190,7 @@ def _time(cost, prefill: list[tuple[int, int]], decode: list[int]) -> float:  # 
     return cost.iteration_time_s(chunk, ctx, np.array(decode, dtype=np.int64))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(
     batch=batches,
     which=st.integers(0, 3),

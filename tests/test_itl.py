@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import LinearCost, make_stream, setup
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ gap_lists = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(3))
 @given(gap_lists)
 def test_weighted_stats_equal_the_stats_of_the_expanded_gaps(pairs):
     gaps = np.array([g for g, _ in pairs])
@@ -133,7 +134,7 @@ def test_to_frame_gives_the_event_memory_back_and_keeps_the_rows(events_per_slic
     assert len(stream.times) == len(stream.run_starts) == len(stream.gaps) == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2))
 @given(
     st.integers(0, 30).flatmap(
         lambda n: st.tuples(

@@ -99,6 +99,18 @@ def test_a_run_never_imports_the_offline_calibration_pipeline() -> None:
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_reports_are_pure_and_studies_do_the_simulating() -> None:
+    """sim.report renders results (tables, plots, HTML, traces) and never simulates: it imports
+    neither the engine, the runner, sweeps nor the studies; the studies are where results/ is made."""
+    graph = import_graph()
+    report = [m for m in graph if m.startswith("sim.report")]
+    simulating = ("sim.studies", "sim.runner", "sim.serving", "sim.sweeps", "sim.disaggregation")
+    offenders = {m: sorted(t for t in graph[m] if t.startswith(simulating)) for m in report}
+    assert len(report) >= 6 and {m: t for m, t in offenders.items() if t} == {}
+    studies = [m for m in graph if m.startswith("sim.studies.")]
+    assert any("sim.runner" in graph[m] for m in studies)  # the studies run scenarios
+
+
 def _loaded_after(code: str) -> list[str]:
     probe = code + "\nimport sys, json\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -122,6 +134,7 @@ def test_cheap_commands_import_no_scientific_stack(args: list[str]) -> None:
     assert not set(loaded) & {"pandas", "scipy", "matplotlib", "ray"}
 
 
+@pytest.mark.slow
 def test_a_run_without_plots_imports_neither_scipy_nor_matplotlib(tmp_path: Path) -> None:
     loaded = _loaded_after(
         "import sim\n"

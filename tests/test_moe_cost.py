@@ -34,6 +34,7 @@ def _monte_carlo_distinct(tokens: int, top_k: int, experts: int, trials: int, se
     return hit.sum(axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("tokens", "top_k", "experts"), [(1, 2, 8), (3, 2, 8), (16, 2, 8), (10, 8, 256), (100, 8, 256)]
 )

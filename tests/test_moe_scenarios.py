@@ -55,7 +55,7 @@ def test_bad_expert_parallel_is_one_error_line(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_moe_report_writes_the_markdown_and_plot(tmp_path: Path) -> None:
-    from sim.report.moe import write_moe_report
+    from sim.studies.moe import write_moe_report
 
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()

@@ -88,6 +88,7 @@ def test_notebook_is_valid_and_committed_without_outputs(path: Path) -> None:
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes_and_shows_figures(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nb = execute(nbformat.read(path, as_version=4), monkeypatch)  # raises on the first failing cell
@@ -95,6 +96,7 @@ def test_notebook_executes_and_shows_figures(path: Path, monkeypatch: pytest.Mon
     assert images(nb) >= 1, f"{path.name} displayed no figure"
 
 
+@pytest.mark.slow
 def test_calibration_notebook_falls_back_without_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     nb = read("calibration")
     tagged = [i for i, c in enumerate(nb.cells) if PARAMETERS_TAG in c.metadata.get("tags", [])]

@@ -123,7 +123,7 @@ def test_unwritable_parent_refused(tmp_path: Path, no_simulation: None, capsys) 
 
 
 def test_report_refuses_a_foreign_folder_before_simulating(tmp_path: Path, no_simulation: None) -> None:
-    from sim.report.regenerate import regenerate_results
+    from sim.studies.regenerate import regenerate_results
 
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
@@ -196,6 +196,7 @@ def save_killed(target: Path, seed: int, kill_at: str) -> None:
     assert done.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_kill_while_writing_keeps_the_old_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
     quick_result(1).save(target, plots=False)
@@ -209,6 +210,7 @@ def test_kill_while_writing_keeps_the_old_result(tmp_path: Path, refs: dict) -> 
     assert siblings(target) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(outputs._renameat2() is None, reason="no renameat2 on this platform")
 def test_kill_after_the_exchange_keeps_the_new_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
@@ -222,6 +224,7 @@ def test_kill_after_the_exchange_keeps_the_new_result(tmp_path: Path, refs: dict
     assert siblings(target) == []
 
 
+@pytest.mark.slow
 def test_kill_between_fallback_renames_recovers_the_old_result(tmp_path: Path, refs: dict) -> None:
     target = tmp_path / "res"
     quick_result(1).save(target, plots=False)
@@ -277,17 +280,31 @@ def test_progress_is_silent_when_stderr_is_redirected(tmp_path: Path) -> None:
     assert RunProgress(file=io.StringIO(), delay_s=0)("static", 10) is None
 
 
+class FakeClock:
+    """A clock that moves only when the test sets it: frames do not depend on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_progress_on_a_terminal_honours_delay_and_throttles_frames() -> None:
+    clock = FakeClock()
     quiet = FakeTerminal()
-    bar = RunProgress(file=quiet, delay_s=60)("static", 1000)
+    bar = RunProgress(file=quiet, delay_s=60, clock=clock)("static", 1000)
     for done in range(1000):
+        clock.now = done * 0.05  # 50 s of calls, all before the delay is up
         bar(float(done), done)
     bar.close()
     assert quiet.getvalue() == ""
 
+    clock.now = 0.0
     shown = FakeTerminal()
-    bar = RunProgress(file=shown, delay_s=0)("vllm-v0", 50_000, index=2, count=3)
+    bar = RunProgress(file=shown, delay_s=0, clock=clock)("vllm-v0", 50_000, index=2, count=3)
     for done in range(50_000):
+        clock.now = done * 1e-4  # 5 s of calls, one every 0.1 ms
         bar(float(done), done)
     bar.close()
     assert "vllm-v0 2/3" in shown.getvalue() and "left" in shown.getvalue()

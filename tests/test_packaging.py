@@ -131,3 +131,15 @@ def test_ci_installs_into_a_fresh_virtual_environment_and_runs_both_readme_comma
     venv_at = ci.index("-m venv")
     assert all(ci.index(command) > venv_at for command in commands), "README commands must run inside the venv"
     assert '"$status" -eq 5' in ci, "CI must treat pytest's exit code 5 (no tests) as a failure"
+
+
+def test_ci_runs_the_slow_tests_in_parallel() -> None:
+    # `slow` lets a developer skip those tests (-m "not slow"); CI must still run every one of them,
+    # on the two workers the test extra's pytest-xdist provides.
+    addopts = PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"].split()
+    ci = (REPO / ".ci" / "run").read_text()
+    pytest_args = [line.split("python -m pytest", 1)[1].split() for line in ci.splitlines()
+                   if "python -m pytest" in line and not line.startswith("#")]  # fmt: skip
+    assert pytest_args and not any({"-m", "-k"} & set(args) or "--deselect" in args for args in pytest_args)
+    assert "-m" not in addopts and "-k" not in addopts and not any(o.startswith("--deselect") for o in addopts)
+    assert addopts[addopts.index("-n") + 1] == "2" and "pytest-xdist" in EXTRAS["test"]

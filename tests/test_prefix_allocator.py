@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import setup
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(ops=ops, total=st.integers(4, 40))
 def test_allocator_counts_stay_consistent(ops: list[tuple[str, int, int]], total: int) -> None:
     """Random requests with prompts from 6 shared prefixes take and release blocks: used +

@@ -9,6 +9,7 @@ not, fresh registrations, counts.
 
 from __future__ import annotations
 
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,7 +89,7 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(5))
 @given(steps=steps, total=st.integers(6, 24))
 def test_lazy_evictions_answer_as_eager_ones(steps: list[tuple[str, int, int]], total: int) -> None:
     cache, model = PrefixCacheAllocator(total, 16), EagerModel(total)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import assert_same_records, setup
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_engine_invariants import COST, runs
 from test_prefix_mooncake import CONVERSATION, needs_shared
@@ -52,7 +53,8 @@ def _check_and_tag(stream: object, policy: object, kwargs: dict[str, object]) ->
         event("evicted")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(1.5))
 @given(runs().filter(lambda case: case[1].kind in ("paged", "chunked_prefill")))
 def test_streams_without_content_merge_identically(case: tuple[object, object, dict[str, object]]) -> None:
     """Arrivals or closed loops, tight KV, timeouts, replicas, multi-step, engine CPU, front end."""
@@ -71,7 +73,8 @@ def shared_prefix_cases(draw: st.DrawFn) -> tuple[object, object, dict[str, obje
     return stream, policy, kwargs
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(1.5))
 @given(shared_prefix_cases())
 def test_shared_prefixes_on_small_caches_merge_identically(case: tuple[object, object, dict[str, object]]) -> None:
     stream, policy, kwargs = case
@@ -105,7 +108,6 @@ def session_cases(draw: st.DrawFn) -> tuple[object, object, dict[str, object]]:
     return stream, draw(st.sampled_from(POLICIES)), kwargs
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(session_cases())
 def test_sessions_merge_identically(case: tuple[object, object, dict[str, object]]) -> None:
     stream, policy, kwargs = case

@@ -75,6 +75,7 @@ def _stream(limit: int | None) -> RequestStream:
                          int(trace.output_tokens.max()), content=trace.content)  # fmt: skip
 
 
+@pytest.mark.slow
 @needs_shared
 def test_unbounded_cache_hits_exactly_the_reuse_bound_of_the_hash_ids() -> None:
     stream = _sequential(_stream(None))
@@ -87,6 +88,7 @@ def test_unbounded_cache_hits_exactly_the_reuse_bound_of_the_hash_ids() -> None:
     assert abs(reused / prompt_total - 0.36) < 0.03
 
 
+@pytest.mark.slow
 @needs_shared
 def test_hit_rate_never_falls_as_the_cache_grows() -> None:
     trace = clip_prompts(load_mooncake(CONVERSATION, 1500), 16_384)  # at most 1024 blocks per request

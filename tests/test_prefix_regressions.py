@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from budget import examples
 from fakes import setup
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_prefix_allocator import Cost, _stream
 
@@ -82,7 +84,8 @@ def cases(draw: st.DrawFn) -> tuple[object, object, dict[str, object]]:
     return stream, draw(st.sampled_from(POLICIES)), kwargs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(1.2))
 @given(cases())
 def test_small_caches_with_shared_prefixes_keep_the_books(case: tuple[object, object, dict[str, object]]) -> None:
     """Every paged policy (whole-prompt allocation included), shared prefixes, KV from the least

@@ -259,7 +259,7 @@ def test_dev_zero_as_a_scenario_is_a_device_not_a_missing_file(capsys: pytest.Ca
 # --------------------------------------------------------------------------- report arguments
 @pytest.fixture
 def no_report_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sim.report import regenerate
+    from sim.studies import regenerate
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("report started working although an argument is wrong")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import LinearCost, assert_same_records, make_stream, setup
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_engine_invariants import COST, runs
 
@@ -29,7 +30,8 @@ def _run(stream, policy, kwargs, merge: bool) -> tuple[Engine, object]:
     return engine, engine.run()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(3))
 @given(runs())
 def test_merging_on_and_off_give_identical_records(case):
     stream, policy, kwargs = case

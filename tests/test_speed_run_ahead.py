@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from budget import examples
 from fakes import LinearCost, assert_same_records, make_stream, setup
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from test_engine_invariants import COST, runs
 
 from sim.config import (
@@ -63,7 +64,8 @@ def _run(stream, policy, kwargs, merge: bool, cost=COST):
     return engine, engine.run()
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(2))
 @given(runs())
 def test_decode_only_says_yes_only_before_a_pure_decode_plan(case):
     """Merging off (a plan every pass), so every state the policy meets is checked."""

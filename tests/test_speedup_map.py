@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 import sim
-from sim.report import speedup_map as speedup_map_module
-from sim.report.regenerate import save_speedup_map, write_speedup_map
 from sim.report.speedup import speedup_markdown, speedup_table
-from sim.report.speedup_map import BURST, MapConfig, SpeedupMap, measure_map
-from sim.report.speedup_map_text import (
+from sim.studies import speedup_map as speedup_map_module
+from sim.studies.regenerate import save_speedup_map, write_speedup_map
+from sim.studies.speedup_map import BURST, MapConfig, SpeedupMap, measure_map
+from sim.studies.speedup_map_text import (
     article_table,
     conclusion,
     length_order,
@@ -136,6 +136,7 @@ def test_csv_column_order_is_pinned(measured: tuple[SpeedupMap, list[dict[str, A
     assert text == map_markdown(measured[0])
 
 
+@pytest.mark.slow
 def test_workers_do_not_change_the_numbers() -> None:
     config = MapConfig(classes=("short",), loads=(0.7,), batch_sizes=(4,), seeds=(3,), batches_per_run=3)
     one = measure_map(SCENARIOS, config, log=lambda _: None)
@@ -197,7 +198,7 @@ def test_heatmap_colour_bar_reads_in_plain_multiples(top_speedup: float) -> None
     """Colour-bar ticks read like the cells ("2x"), never the log axis' default "2x10^0"."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from sim.report.speedup_map_plot import speedup_heatmap
+    from sim.studies.speedup_map_plot import speedup_heatmap
 
     loads, sizes = [BURST, 0.9], [8, 16]
     speedups = np.geomspace(1.2, top_speedup, len(loads) * len(sizes))

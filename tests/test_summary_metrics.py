@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -256,7 +257,7 @@ def test_missing_column_is_reported():
         run(make_requests(3).drop(columns=["ttft_s"]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(0.4))
 @given(
     st.lists(
         st.tuples(st.floats(0.0, 5.0), st.floats(0.001, 3.0), st.integers(1, 64)),

@@ -86,10 +86,12 @@ def test_swept_values_reach_the_runs(serial: pd.DataFrame) -> None:
     assert (serial["throughput_rps"] <= serial["workload.arrival.rate"] * 1.5).all()
 
 
+@pytest.mark.slow
 def test_pool_of_two_is_identical_to_in_process(base: Scenario, serial: pd.DataFrame) -> None:
     assert_identical(sweep(base, PARAMS, SEEDS, workers=2), serial)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')"
 )
@@ -121,6 +123,12 @@ def test_unreachable_ray_cluster_is_a_user_error(
     base: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # A machine with no Ray: "auto" would also join any Ray running here (another pytest worker's,
+    # another user's), found through the cluster file and a scan of the processes; hide both.
+    from ray._private import services
+
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    monkeypatch.setattr(services, "find_gcs_addresses", frozenset)
     with pytest.raises(UserError, match="cannot reach a Ray cluster"):
         sweep(base, {"workload.requests": [20]}, backend="ray", address="auto")
 

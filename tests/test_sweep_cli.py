@@ -44,6 +44,7 @@ def scenario_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_sweep_writes_csv_markdown_and_plots(
     scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -148,6 +149,7 @@ def test_failed_points_are_listed_and_exit_1(
     assert "1 failed run(s)" in (tmp_path / "o" / "sweep.md").read_text()
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_resume_completes_the_sweep(scenario_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     rates = ",".join(str(r) for r in range(1, 13))
@@ -203,6 +205,7 @@ def test_ctrl_c_then_resume_completes_the_sweep(scenario_file: Path, tmp_path: P
     pd.testing.assert_frame_equal(on_disk, expected, check_exact=True)
 
 
+@pytest.mark.slow
 def test_capacity_prints_and_writes_the_table(
     scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -121,6 +121,7 @@ def uninterrupted(scenario_file: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
 def test_killed_sweep_leaves_no_process_behind(scenario_file: Path, tmp_path: Path, signum: int, code: int) -> None:
     process, workers = start_and_wait_for_workers(sweep_command(scenario_file, tmp_path), tmp_path)
@@ -134,6 +135,7 @@ def test_killed_sweep_leaves_no_process_behind(scenario_file: Path, tmp_path: Pa
     assert partial.groupby(["point", "seed"]).size().eq(2).all() and 1 <= partial["point"].nunique() < 8
 
 
+@pytest.mark.slow
 def test_sigterm_then_resume_equals_an_uninterrupted_sweep(
     scenario_file: Path, tmp_path: Path, uninterrupted: bytes
 ) -> None:
@@ -152,6 +154,7 @@ def test_sigterm_then_resume_equals_an_uninterrupted_sweep(
     assert (tmp_path / "sweep.csv").read_bytes() == uninterrupted
 
 
+@pytest.mark.slow
 def test_identical_sweeps_write_identical_files_in_grid_order(scenario_file: Path, tmp_path: Path) -> None:
     # Point 0 is the slowest, so with two workers it finishes last: completion order is not grid order.
     params = ("workload.requests=1200,100,101,102,103,104",)
@@ -166,6 +169,7 @@ def test_identical_sweeps_write_identical_files_in_grid_order(scenario_file: Pat
     assert table["policy"].tolist() == ["static", "continuous"] * 6
 
 
+@pytest.mark.slow
 def test_killed_sweep_with_threads_leaves_no_process_behind(tmp_path: Path) -> None:
     # A process that runs threads (a notebook, a progress monitor) starts its workers with
     # spawn, not fork: they too must die with it, and so must multiprocessing's helper.
@@ -258,6 +262,7 @@ def test_unreachable_ray_address_is_one_error_line_within_the_timeout(scenario_f
     assert took_s < RAY_CONNECT_TIMEOUT_S + 10  # the Python start-up and imports, plus the bound
 
 
+@pytest.mark.slow
 @needs_ray
 def test_a_port_that_is_not_ray_fails_within_the_init_timeout(scenario_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "never"

@@ -1,8 +1,9 @@
 """Ray's start-up is measured, reported, and paid once per process.
 
 Most tests use a fake ``ray`` module (a real local Ray takes 5-15 s to start) that runs
-remote functions at once and counts ``init``/``shutdown`` calls; the last one uses a
-real Ray when it is installed.
+remote functions at once, counts ``init``/``shutdown`` calls and takes its start-up on a fake
+clock (so timings do not depend on the machine's speed); the last one uses a real Ray when it
+is installed.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ class FakeRay:
         class WorkerCrashedError(Exception):
             pass
 
+    STARTUP_S = 10.0  # what a local Ray's start takes on the fake clock
+
     def __init__(self) -> None:
+        self.now = 0.0
         self.initialized = False
         self.inits = 0
         self.shutdowns = 0
@@ -58,6 +62,11 @@ class FakeRay:
         self.inits += 1
         self.init_options.append(options)
         self.initialized = True
+        self.now += self.STARTUP_S
+
+    def clock(self) -> float:
+        """The fake clock the start-up is timed on: it moves only when ``init`` runs."""
+        return self.now
 
     def shutdown(self) -> None:
         self.shutdowns += 1
@@ -92,6 +101,7 @@ class FakeRay:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRay]:
     ray = FakeRay()
     monkeypatch.setattr(ray_backend, "_import_ray", lambda: ray)
+    monkeypatch.setattr(ray_backend, "clock", ray.clock)
     monkeypatch.setattr(ray_backend, "_own", None)  # no Ray left over from another test
     monkeypatch.setattr(ray_backend, "check_reachable", lambda address, timeout_s=0.0: None)
     yield ray
@@ -191,6 +201,7 @@ def test_the_local_backend_reports_no_startup_and_writes_no_execution(tmp_path: 
 
 
 # --------------------------------------------------------------------------- a real Ray
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install '.[ray]')")
 def test_a_real_ray_is_started_once_per_process() -> None:
     base = scenario_from_dict(BASE)  # the real engine: Ray workers cannot import this test module

@@ -14,6 +14,7 @@ from functools import cache
 import numpy as np
 import pandas as pd
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,7 +125,7 @@ def _batches(draw: st.DrawFn) -> tuple[tuple[str, str, int], list[int], list[int
     return config, chunks, contexts, decodes
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(3))
 @given(_batches())
 def test_mfu_and_mbu_lie_in_zero_one_on_every_calibrated_config(
     batch: tuple[tuple[str, str, int], list[int], list[int], list[int]],
@@ -277,7 +278,6 @@ def test_moe_weight_reads_grow_from_active_to_total_with_the_batch(config: tuple
     assert many >= 0.99 * routed_all * model.weight_bytes_per_param
 
 
-@settings(max_examples=100)
 @given(st.sampled_from(MOE_CONFIGS), st.integers(1, 512), st.integers(1, 4096))
 def test_moe_mfu_and_mbu_lie_in_zero_one(config: tuple[str, str, int], batch: int, context: int) -> None:
     *_, cost, work = _setup(config)

@@ -265,12 +265,12 @@ def test_ttft_definition_reproduces_benchmark_serving_on_the_measured_requests()
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """``python -m sim report``'s validation step, run once into a temporary results folder."""
-    from sim.report.regenerate import regenerate_results
+    from sim.studies.regenerate import regenerate_results
 
     root = tmp_path_factory.mktemp("report")
     (root / "scenarios").mkdir()
     messages: list[str] = []
-    regenerate_results(root / "scenarios", root / "results", plots=False, log=messages.append)
+    regenerate_results(root / "scenarios", root / "results", plots=False, log=messages.append, studies=["validation"])
     return root / "results", messages
 
 

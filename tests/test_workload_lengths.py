@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,7 +176,7 @@ def _bounds(config: object) -> tuple[int, int]:
     return config.min, config.max  # type: ignore[attr-defined]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5))
 @given(config=_configs, seed=st.integers(0, 2**32))
 def test_any_valid_length_config_gives_ints_within_its_clamps(config: object, seed: int) -> None:
     sampler = make_length_sampler(config)  # type: ignore[arg-type]

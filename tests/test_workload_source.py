@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -222,7 +223,7 @@ _arrivals = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6))
 @given(arrival=_arrivals, requests=st.integers(1, 3000), seed=st.integers(0, 2**31))
 def test_any_open_loop_workload_gives_a_valid_stream(
     arrival: dict[str, Any], requests: int, seed: int

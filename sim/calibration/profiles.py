@@ -238,7 +238,7 @@ def load_cpu_overheads(profiles_dir: Path) -> pd.DataFrame:
         {
             "model": frame["model_name"].map(names),
             "tp": frame["tensor_parallel_degree"].astype(np.int64),
-            "batch_size": frame["batch_size"],
+            "batch_size": frame["batch_size"].astype(np.int64),  # checked whole on the kept rows
             "ms": frame[list(CPU_PARTS)].sum(axis=1),
         }
     )

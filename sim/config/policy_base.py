@@ -37,6 +37,37 @@ class EngineCPUConfig(StrictModel):
     )
 
 
+class CUDAGraphsConfig(StrictModel):
+    """CUDA-graph replay: a pass whose batch fits a captured graph runs at the graph's size.
+
+    An engine captures one graph per size in ``capture_sizes`` and replays the smallest one
+    that holds the batch, padding it with dummy rows; a larger batch runs eagerly. The padded
+    rows cost what real rows cost in the graph's GEMMs, so a pass is priced at the padded
+    size: step time is a step function of the batch (docs/presets.md).
+    """
+
+    capture_sizes: list[Int] = Field(
+        min_length=1,
+        max_length=4096,
+        description="Batch sizes (tokens of a pass) with a captured graph, increasing; a pass of n tokens, "
+        "n <= the largest, is priced at the smallest size >= n.",
+    )
+    batches: Literal["decode", "all"] = Field(
+        "all",
+        description="Which passes replay a graph: 'decode' only pure decode passes (vLLM V0), 'all' every pass "
+        "of at most the largest size, prefill and mixed too (vLLM V1 FULL_AND_PIECEWISE / PIECEWISE).",
+    )
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _increasing_and_positive(cls, sizes: list[int]) -> list[int]:
+        if sizes[0] < 1 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+            raise ValueError(f"must be positive and strictly increasing, got {str(sizes)[:80]}")
+        if sizes[-1] > 1_000_000:
+            raise ValueError(f"the largest size must be <= 1000000 tokens, got {sizes[-1]}")
+        return sizes
+
+
 # --------------------------------------------------------------------------- speculative decoding
 class BetaAcceptance(StrictModel):
     """Per-request acceptance rate drawn from a Beta distribution (workloads that mix tasks)."""
@@ -128,7 +159,6 @@ class SpeculativeConfig(StrictModel):
         return self
 
 
-
 ACCEPTANCE_BY_TEXT: dict[str, dict[str, float]] = {
     "eagle": {"chat": 0.7, "code": 0.8, "summarization": 0.75, "random": 0.0},
     "draft_model": {"chat": 0.7, "code": 0.75, "summarization": 0.75, "random": 0.0},
@@ -165,6 +195,11 @@ class PolicyConfigBase(StrictModel):
     )
     speculative: SpeculativeConfig | None = Field(
         None, description="Speculative decoding on every decode step (None: off; not every kind can speculate)."
+    )
+    cuda_graphs: CUDAGraphsConfig | None = Field(
+        None,
+        description="CUDA-graph capture sizes this engine replays passes at (None: every pass at its own size). "
+        "Set by the vllm-* presets from each version's defaults (python -m sim list presets).",
     )
     num_scheduler_steps: Int = Field(
         1,

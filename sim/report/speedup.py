@@ -74,7 +74,7 @@ def speedup_markdown(
         table: the DataFrame from :func:`speedup_table`.
         reference_range: a published (low, high) speedup range to compare against, or None.
         conclusion: the closing paragraph (the speedup map's conclusion,
-            :func:`sim.report.speedup_map_text.conclusion`); None: a generic explanation of
+            :func:`sim.studies.speedup_map_text.conclusion`); None: a generic explanation of
             where the gain comes from, computed from this table alone.
 
     Returns:

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from sim.config import AdmissionConfig, ClientConfig, EngineCPUConfig, FrontendConfig
+from sim.config.policy_base import CUDAGraphsConfig
 from sim.errors import UserError
 from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import RequestRecords
 from sim.policies.base import Policy
+from sim.serving.cuda_graphs import with_cuda_graphs
 from sim.serving.memory_plan import MemoryPlan
 from sim.serving.pool_state import PoolRole
 from sim.serving.pricing import CostModelLike
@@ -45,6 +47,7 @@ class ReplicaSetup:
         prefix_caching: cache and share full prompt blocks (paged-memory policies only).
         draft_cost_model: the draft model's cost model (speculative method draft_model).
         merge_decode_steps: merge pure decode passes into one SimPy event where exact.
+        cuda_graphs: the CUDA-graph sizes passes are priced at (None: every pass at its own size).
     """
 
     cost_model: CostModelLike
@@ -54,6 +57,7 @@ class ReplicaSetup:
     prefix_caching: bool = False
     draft_cost_model: CostModelLike | None = None
     merge_decode_steps: bool = True
+    cuda_graphs: CUDAGraphsConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("kv_blocks", "block_size"):
@@ -139,12 +143,14 @@ def build_replicas(
         whole_prompt: override of the policy's whole-prompt allocation (pools).
     """
     plan = memory_plan(stream, policy, config, setup, whole_prompt=whole_prompt)
+    # Graph padding prices the target's passes; speculation's verify and EAGLE draft steps replay graphs too.
+    target = with_cuda_graphs(setup.cost_model, setup.cuda_graphs)
     spec = getattr(config, "speculative", None)
     speculation = None
     if spec is not None:
         if spec.method == "draft_model" and setup.draft_cost_model is None:
             raise UserError("speculative method draft_model needs a draft cost model", field="speculative.draft_model")
-        speculation = make_speculation(spec, stream, seed, setup.cost_model, setup.draft_cost_model)
+        speculation = make_speculation(spec, stream, seed, target, setup.draft_cost_model)
     built = []
     for index in indices:
         decode = SpeculativeDecode(speculation) if speculation is not None else None
@@ -155,6 +161,6 @@ def build_replicas(
         )  # fmt: skip
         if role is not None:
             role.bind(state)
-        cost = SpeculativeCostModel(setup.cost_model, decode) if decode is not None else setup.cost_model
+        cost = SpeculativeCostModel(target, decode) if decode is not None else target
         built.append((state, cost))
     return built

@@ -42,6 +42,9 @@ RAY_INIT_TIMEOUT_S = 60.0
 """Seconds ``ray.init`` may take to join a reachable cluster (it uploads the ``sim`` package)."""
 
 RAY_CLIENT_PORT = 10001  # Ray Client's default, for ray://HOST without a port
+
+clock: Callable[[], float] = time.perf_counter
+"""What getting a Ray is timed with: tests put a fake clock here that their fake Ray advances."""
 _START_HINT = "start one with `ray start --head`, or drop --address to run a local Ray"
 
 
@@ -172,14 +175,14 @@ class RayBackend:
         if self._remote is not None:
             return
         ray = self._ray
-        began = time.perf_counter()
+        began = clock()
         how = REUSED if self._reusable() else self._start()
-        init_s = time.perf_counter() - began
+        init_s = clock() - began
         if how != REUSED:
             _warm_up(ray, self.workers)
         # Ray retries a task whose worker died; the result is the same, so that is safe.
         self._remote = ray.remote(num_cpus=1, max_retries=2)(_apply)
-        self.startup = RayStartup(how, time.perf_counter() - began, self._where(how), init_s)
+        self.startup = RayStartup(how, clock() - began, self._where(how), init_s)
 
     def _start(self) -> str:
         """Start a local Ray or join ``address``, replacing a Ray of ours kept for other settings."""

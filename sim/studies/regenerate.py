@@ -3,7 +3,7 @@
 Each scenario's outputs go to ``results/<name>/``; the scenarios under
 ``scenarios/seed_table/`` also feed ``results/batching_speedup.{md,csv}`` and, when all four
 length classes are there, the speedup map ``results/speedup_map.{csv,md}`` and
-``speedup_map_<class>.png`` (:mod:`sim.report.speedup_map`); the real vLLM runs
+``speedup_map_<class>.png`` (:mod:`sim.studies.speedup_map`); the real vLLM runs
 in ``../shared/validation`` are replayed into ``results/validation/`` (skipped, saying so, where
 absent). A scenario
 whose trace is not on this machine is skipped with a message, not an error. Every
@@ -14,19 +14,19 @@ the first simulation, so a folder that must not be replaced fails the report at 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from sim.errors import MissingDataError
+from sim.errors import MissingDataError, UserError, did_you_mean
 from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file, check_output_dir
 from sim.io.safe_paths import check_target, require_input_folder
 from sim.io.scenario import load_scenario
 
 if TYPE_CHECKING:
-    from sim.report.speedup_map import MapConfig, SpeedupMap
+    from sim.studies.speedup_map import MapConfig, SpeedupMap
 
 SPEEDUP_FOLDER = "seed_table"
 
@@ -38,49 +38,49 @@ def _validation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> No
 
 
 def _client_advice(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.client_advice import write_client_advice
+    from sim.studies.client_advice import write_client_advice
 
     write_client_advice(out_dir)
     log(f"wrote {out_dir / 'client_advice.md'}")
 
 
 def _moe(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.moe import write_moe_report
+    from sim.studies.moe import write_moe_report
 
     write_moe_report(out_dir, plots=plots)
     log(f"wrote {out_dir / 'moe.md'}")
 
 
 def _speculative(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.speculative import write_speculative_report
+    from sim.studies.speculative import write_speculative_report
 
     write_speculative_report(out_dir, plots)
     log(f"wrote {out_dir / 'speculative.md'}")
 
 
 def _disaggregation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.disaggregation import write_disaggregation_report
+    from sim.studies.disaggregation import write_disaggregation_report
 
     write_disaggregation_report(out_dir, plots=plots)
     log(f"wrote {out_dir / 'disaggregation.md'}")
 
 
 def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
-    from sim.report.prefix_caching import write_prefix_report
+    from sim.studies.prefix_caching import write_prefix_report
 
     write_prefix_report(out_dir, plots=plots)  # logs one line and skips when the Mooncake trace is absent
 
 
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
-    "validation/ (real vLLM runs vs their replay)": _validation,
-    "client_advice.{csv,md}": _client_advice,
-    "moe.md, moe/, moe_cost.png (scenarios/moe/)": _moe,
-    "speculative.md, speculative.png": _speculative,
-    "disaggregation.{md,csv,png} (scenarios/disaggregation/)": _disaggregation,
-    "prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)": _prefix_caching,
+    "validation": _validation,  # validation/: real vLLM runs vs their replay
+    "client_advice": _client_advice,  # client_advice.{csv,md}
+    "moe": _moe,  # moe.md, moe/, moe_cost.png (scenarios/moe/)
+    "speculative": _speculative,  # speculative.md, speculative.png
+    "disaggregation": _disaggregation,  # disaggregation.{md,csv,png} (scenarios/disaggregation/)
+    "prefix_caching": _prefix_caching,  # prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)
 }
-"""Reports written after the shipped scenarios, in order, by what they write: each is
+"""Reports written after the shipped scenarios, in order, by name: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the
 report runs) and logs what it wrote or why it skipped."""
 
@@ -106,17 +106,23 @@ def shipped_scenarios(folder: Path) -> list[Path]:
 
 def regenerate_results(
     scenarios_dir: Path, out_dir: Path, *, plots: bool = True, progress: bool = False,
-    log: Callable[[str], None] = print, html: bool = False,
+    log: Callable[[str], None] = print, html: bool = False, studies: Collection[str] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Run every shipped scenario, write its folder (with ``report.html`` when ``html``), then the
-    speedup table; returns summaries by scenario.
+    speedup table and the extra reports; returns summaries by scenario.
+
+    Args:
+        studies: names from :data:`EXTRA_REPORTS` to write after the scenarios (default: all of
+            them; empty: none). A test that checks one report runs only that one.
 
     Raises:
         UserError: ``scenarios_dir`` is not a folder holding scenario files, ``out_dir`` cannot be a
-            folder, or a scenario or its output folder is refused; all checked before anything runs.
+            folder, a scenario or its output folder is refused, or a study name is unknown; all checked
+            before anything runs.
     """
     from sim.runner import run
 
+    extras = _extra_reports(studies)
     summaries: dict[str, pd.DataFrame] = {}
     seed_table: dict[str, pd.DataFrame] = {}
     scenarios = [(path, load_scenario(path)) for path in report_scenarios(scenarios_dir, out_dir)]
@@ -135,14 +141,28 @@ def regenerate_results(
         log(f"{result.scenario.name}: {len(result.summary)} policies in {result.runtime_s:.1f}s")
     speedup_map = write_speedup_map(scenarios_dir, out_dir, plots=plots, log=log)
     if seed_table:
-        from sim.report.speedup_map_text import conclusion
+        from sim.studies.speedup_map_text import conclusion
 
         closing = conclusion(speedup_map) if speedup_map is not None else None
         write_speedup(seed_table, out_dir, plots=plots, conclusion=closing)
         log(f"wrote {out_dir / 'batching_speedup.md'}")
-    for write in EXTRA_REPORTS.values():
+    for write in extras:
         write(out_dir, plots=plots, log=log)
     return summaries
+
+
+def _extra_reports(studies: Collection[str] | None) -> list[ExtraReport]:
+    """The named extra reports in :data:`EXTRA_REPORTS`' order (all for None); UserError for an unknown name."""
+    if studies is None:
+        return list(EXTRA_REPORTS.values())
+    unknown = [name for name in studies if name not in EXTRA_REPORTS]
+    if unknown:
+        name = unknown[0]
+        raise UserError(
+            f"{name!r:.80} is not a study{did_you_mean(str(name), EXTRA_REPORTS)}; studies: {', '.join(EXTRA_REPORTS)}",
+            field="studies",
+        )
+    return [write for name, write in EXTRA_REPORTS.items() if name in studies]
 
 
 def write_speedup(
@@ -172,7 +192,7 @@ def write_speedup_map(
     Returns:
         The map, or None (saying so) when a length class's seed-table scenario is absent.
     """
-    from sim.report.speedup_map import CLASS_FILES, MapConfig, measure_map
+    from sim.studies.speedup_map import CLASS_FILES, MapConfig, measure_map
 
     config = config or MapConfig()
     missing = [c for c in config.classes if not (scenarios_dir / SPEEDUP_FOLDER / f"{CLASS_FILES[c]}.yaml").exists()]
@@ -188,7 +208,7 @@ def write_speedup_map(
 
 def save_speedup_map(speedup_map: SpeedupMap, out_dir: Path, *, plots: bool = True) -> None:
     """speedup_map.csv/.md and, with ``plots``, speedup_map_<class>.png into ``out_dir``."""
-    from sim.report.speedup_map_text import map_markdown
+    from sim.studies.speedup_map_text import map_markdown
 
     with atomic_file(out_dir / "speedup_map.csv") as tmp:
         speedup_map.table.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
@@ -197,7 +217,7 @@ def save_speedup_map(speedup_map: SpeedupMap, out_dir: Path, *, plots: bool = Tr
     if not plots:
         return
     from sim.report import plots as figures
-    from sim.report.speedup_map_plot import speedup_heatmap
+    from sim.studies.speedup_map_plot import speedup_heatmap
 
     for name in speedup_map.config.classes:
         with atomic_file(out_dir / f"speedup_map_{name}.png") as tmp:

@@ -15,8 +15,8 @@ those of the seed table), every ``max_batch_size`` and every seed:
 
 Every run is a :class:`sim.sweeps.tasks.Task` run by the sweep backends (a process pool), so
 each map number is what :func:`sim.run` gives for the same scenario and seed, to the last
-digit. Text and figures are in :mod:`sim.report.speedup_map_text` and
-:mod:`sim.report.speedup_map_plot`.
+digit. Text and figures are in :mod:`sim.studies.speedup_map_text` and
+:mod:`sim.studies.speedup_map_plot`.
 """
 
 from __future__ import annotations

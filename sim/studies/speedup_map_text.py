@@ -1,6 +1,6 @@
 """``results/speedup_map.md``: the map, static's capacity, the article's table and the verdict.
 
-Everything here is a pure function of a :class:`sim.report.speedup_map.SpeedupMap`; every
+Everything here is a pure function of a :class:`sim.studies.speedup_map.SpeedupMap`; every
 number in the prose is computed from its tables, so the text cannot go stale when the model
 or the map changes. The explanation rests on two computable quantities:
 
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from sim.report.speedup import CLAIMED_SPEEDUP_RANGE
-from sim.report.speedup_map import BURST, SpeedupMap
 from sim.report.tables import markdown_table
+from sim.studies.speedup_map import BURST, SpeedupMap
 
 ARTICLE_SPEEDUPS: dict[str, float] = {"short": 2.7, "medium": 4.0, "long": 6.7, "mixed": 5.4}
 """The often-quoted per-class speedups (short < 100 tokens, 100-500, > 1000, mixed)."""

@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
 from sim.report.speedup import CLAIMED_SPEEDUP_RANGE
-from sim.report.speedup_map import BURST
+from sim.studies.speedup_map import BURST
 
 _WIDTH_IN, _HEIGHT_IN, _DPI = 6.4, 4.2, 100
 
@@ -28,7 +28,7 @@ def speedup_heatmap(table: pd.DataFrame, length_class: str,
     """Speedup of one class as a load x batch-size heat map, annotated, quoted range outlined.
 
     Args:
-        table: the map table (``sim.report.speedup_map.map_table``), all classes.
+        table: the map table (``sim.studies.speedup_map.map_table``), all classes.
         length_class: the class to draw.
         band: (low, high) speedup range to outline.
 
