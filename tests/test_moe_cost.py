@@ -6,8 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import UserError
+from sim.hardware.all_reduce import NCCL_EAGER, custom_fit
 from sim.hardware.calibration_files import CALIBRATION_DIR, ROOFLINE_FILE, read_yaml
 from sim.hardware.catalog import MoESpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
@@ -117,13 +120,15 @@ def test_moe_stays_memory_bound_longer_than_the_dense_model_of_its_active_size()
     moe_cost, dense_cost = _cost(mixtral, 2), _cost(dense, 2)
 
     def growth(cost: CostModel, batch: int) -> float:
-        return cost.breakdown_from_totals_s(batch, batch, 0.0, 0, 0)["linear"] / cost.breakdown_from_totals_s(
-            1, 1, 0.0, 0, 0
-        )["linear"]
+        return (
+            cost.breakdown_from_totals_s(batch, batch, 0.0, 0, 0)["linear"]
+            / cost.breakdown_from_totals_s(1, 1, 0.0, 0, 0)["linear"]
+        )
 
     # Up to 8 tokens the dense model reads the same weights (memory-bound: ~flat); the MoE model
     # reads more experts with every token, so its cost per step grows ...
     assert growth(moe_cost, 8) > 2 * growth(dense_cost, 8)
+
     # ... and per token it keeps falling long after the dense one has flattened out.
     def per_token_drop(cost: CostModel) -> float:
         return growth(cost, 256) / 256 / (growth(cost, 2048) / 2048)
@@ -143,3 +148,36 @@ def test_expert_parallel_adds_an_all_to_all_and_is_validated() -> None:
         load_cost_model("llama-2-7b", "a100-80gb", 1, expert_parallel=2)
     with pytest.raises(UserError, match="does not divide tensor_parallel"):
         load_cost_model("mixtral-8x7b", "a100-80gb", 2, expert_parallel=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 3000), grow=st.integers(1, 600), prefill=st.booleans())
+@pytest.mark.parametrize(("model", "tp"), [("mixtral-8x7b", 2), ("mixtral-8x7b", 4), ("qwen3-30b-a3b", 2)])
+def test_moe_step_never_gets_cheaper_with_more_tokens_at_tensor_parallel(
+    model: str, tp: int, batch: int, grow: int, prefill: bool
+) -> None:
+    """Touched experts, tokens per expert, the engine's all-reduce (custom kernel below its limit, NCCL above):
+    whatever changes with the batch, a larger batch never costs less."""
+    cost = load_cost_model(model, "h100-sxm", tp, cpu_overhead=False)
+
+    def step(tokens: int) -> float:
+        if prefill:
+            return cost.time_from_totals_s(tokens, 1, tokens * tokens / 2, 0, 0)
+        return cost.time_from_totals_s(0, 0, 0.0, tokens, tokens * 500)
+
+    assert step(batch + grow) >= step(batch)
+
+
+def test_moe_decode_all_reduces_after_attention_and_after_the_experts_with_the_engines_kernel() -> None:
+    """Mixtral-8x7B TP2 on H100: two all-reduces per layer of batch x 4096 x 2 bytes, the custom one-shot kernel
+    inside a CUDA graph for decode batches (vLLM), not the profiled eager NCCL time."""
+    engine = load_cost_model("mixtral-8x7b", "h100-sxm", 2, cpu_overhead=False)
+    nccl = engine.with_all_reduce(NCCL_EAGER)
+    for batch in (1, 20, 64):
+        decode = (0, 0, 0.0, batch, batch * 1000)
+        fit, _ = custom_fit(get_gpu("h100-sxm"), 2, "one_shot")
+        expected_s = 2 * 32 * float(fit.ms(np.array([batch * 4096 * 2.0]))[0]) * 1e-3
+        assert engine.breakdown_from_totals_s(*decode)["all_reduce"] == pytest.approx(expected_s)
+        assert nccl.time_from_totals_s(*decode) - engine.time_from_totals_s(*decode) > 0.05 * nccl.time_from_totals_s(
+            *decode
+        )
