@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.errors import UserError
 from sim.hardware import moe
-from sim.hardware.all_reduce import NCCL_EAGER, custom_fit
+from sim.hardware.all_reduce import NCCL_EAGER, VLLM_V0_GRAPHS, custom_fit
 from sim.hardware.calibration_files import CALIBRATION_DIR, ROOFLINE_FILE, read_yaml
 from sim.hardware.catalog import MoESpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
@@ -172,7 +172,7 @@ def test_moe_step_never_gets_cheaper_with_more_tokens_at_tensor_parallel(
 def test_moe_decode_all_reduces_after_attention_and_after_the_experts_with_the_engines_kernel() -> None:
     """Mixtral-8x7B TP2 on H100: two all-reduces per layer of batch x 4096 x 2 bytes, the custom one-shot kernel
     inside a CUDA graph for decode batches (vLLM), not the profiled eager NCCL time."""
-    engine = load_cost_model("mixtral-8x7b", "h100-sxm", 2, cpu_overhead=False)
+    engine = load_cost_model("mixtral-8x7b", "h100-sxm", 2, cpu_overhead=False, all_reduce=VLLM_V0_GRAPHS)
     nccl = engine.with_all_reduce(NCCL_EAGER)
     for batch in (1, 20, 64):
         decode = (0, 0, 0.0, batch, batch * 1000)

@@ -38,11 +38,11 @@ class EngineCPUConfig(StrictModel):
 
 
 class AllReduceConfig(StrictModel):
-    """How the engine runs the tensor-parallel all-reduces (two per layer); defaults: vLLM v0 (0.4 to 0.6).
+    """Which kernel runs the tensor-parallel all-reduces (two per layer); defaults: vLLM's (0.4 to 0.15).
 
     vLLM runs its own all-reduce kernel on GPUs NVLink connects all-to-all, for messages below
-    ``custom_max_bytes`` (one-shot or two-shot by size), and NCCL otherwise; a pass whose
-    kernels replay a CUDA graph pays no launch overhead (docs/cost_model.md, "All-reduce").
+    ``custom_max_bytes`` (one-shot or two-shot by size), and NCCL otherwise. Passes that replay a
+    CUDA graph (the policy's ``cuda_graphs``) pay no launch overhead (docs/cost_model.md, "All-reduce").
     """
 
     algorithm: Literal["custom", "nccl"] = Field(
@@ -56,18 +56,6 @@ class AllReduceConfig(StrictModel):
         le=1 << 40,
         description="Messages strictly smaller than this run the custom kernel (vLLM CustomAllreduce max_size, "
         "8 MiB).",
-    )
-    graph_max_tokens: Int = Field(
-        256,
-        ge=0,
-        le=1_000_000,
-        description="Passes of at most this many tokens replay a CUDA graph, without launch overhead (vLLM v0: "
-        "decode batches up to 256; v1: 512); 0 = always eager (--enforce-eager).",
-    )
-    graph_mixed_batches: bool = Field(
-        False,
-        description="Passes with prefill tokens replay a graph too (vLLM v1 piecewise CUDA graphs); false: "
-        "decode-only passes only (vLLM v0).",
     )
 
 
@@ -202,8 +190,8 @@ class PolicyConfigBase(StrictModel):
     )
     all_reduce: AllReduceConfig = Field(
         default_factory=AllReduceConfig,
-        description="How the tensor-parallel all-reduces run: custom kernel or NCCL, CUDA graph or eager "
-        "(TP > 1 only).",
+        description="Which kernel runs the tensor-parallel all-reduces: vLLM's custom kernel (below a size limit, "
+        "NVLink GPUs) or NCCL (TP > 1 only).",
     )
     num_scheduler_steps: Int = Field(
         1,

@@ -109,37 +109,45 @@ _HOPPER_LINK_GB_PER_S = 450.0
 
 @dataclass(frozen=True)
 class AllReduceSpec:
-    """How an engine runs its all-reduces (a policy's ``all_reduce`` block; defaults: vLLM v0).
+    """How an engine runs its all-reduces: a policy's ``all_reduce`` block (the algorithm) and its CUDA graphs.
 
     Attributes:
         algorithm: "custom" (vLLM's custom kernel below ``custom_max_bytes`` on NVLink GPUs, NCCL otherwise) or
             "nccl" (NCCL always, e.g. ``--disable-custom-all-reduce``).
         custom_max_bytes: the custom kernel runs on messages strictly smaller than this.
-        graph_max_tokens: passes of at most this many tokens replay a CUDA graph (0: always eager).
-        graph_mixed_batches: passes with prefill tokens are graphed too (vLLM v1 piecewise graphs); otherwise
-            only decode-only passes (vLLM v0 captures decode batches).
+        graph_max_tokens: passes of at most this many tokens replay a CUDA graph (0: always eager): the largest
+            of the policy's ``cuda_graphs.capture_sizes``.
+        graph_mixed_batches: passes with prefill tokens are graphed too (``cuda_graphs.batches: all``, vLLM V1
+            piecewise graphs); otherwise only decode-only passes (vLLM V0 captures decode batches).
     """
 
     algorithm: str = "custom"
     custom_max_bytes: int = VLLM_CUSTOM_AR_MAX_BYTES
-    graph_max_tokens: int = 256
+    graph_max_tokens: int = 0
     graph_mixed_batches: bool = False
 
     @classmethod
     def of(cls, policy: Any) -> AllReduceSpec:
-        """The settings of a policy config's ``all_reduce`` block (the defaults when it has none)."""
-        block = getattr(policy, "all_reduce", None)
-        if block is None:
-            return cls()
-        return cls(block.algorithm, block.custom_max_bytes, block.graph_max_tokens, block.graph_mixed_batches)
+        """The settings of a policy config: its ``all_reduce`` block and its ``cuda_graphs`` block, if it has them
+        (without ``cuda_graphs`` every pass runs eagerly, as the profiles were measured)."""
+        block, graphs = getattr(policy, "all_reduce", None), getattr(policy, "cuda_graphs", None)
+        algorithm = cls.algorithm if block is None else block.algorithm
+        limit = cls.custom_max_bytes if block is None else block.custom_max_bytes
+        if graphs is None:
+            return cls(algorithm, limit)
+        return cls(algorithm, limit, max(graphs.capture_sizes), graphs.batches == "all")
 
     def graphed(self, tokens: int, prefill_seqs: int) -> bool:
         """Whether a pass of ``tokens`` tokens with ``prefill_seqs`` prefill pieces replays a CUDA graph."""
         return tokens <= self.graph_max_tokens and (prefill_seqs == 0 or self.graph_mixed_batches)
 
 
-NCCL_EAGER = AllReduceSpec(algorithm="nccl", graph_max_tokens=0)
+NCCL_EAGER = AllReduceSpec(algorithm="nccl")
 """The calibration's NCCL curve alone, every pass eager (plus its launch): how the profiles were measured."""
+VLLM_V0_GRAPHS = AllReduceSpec(graph_max_tokens=256)
+"""vLLM V0 (0.4 to 0.9): the custom kernel; decode passes of up to 256 sequences replay a graph."""
+VLLM_V1_GRAPHS = AllReduceSpec(graph_max_tokens=512, graph_mixed_batches=True)
+"""vLLM V1 (0.11, 0.15): the custom kernel; every pass of up to 512 tokens replays a (piecewise) graph."""
 
 
 def custom_available(gpu: GPUSpec, gpus: int) -> bool:
