@@ -54,8 +54,7 @@ class AllReduceConfig(StrictModel):
         8 * 1024 * 1024,
         ge=0,
         le=1 << 40,
-        description="Messages strictly smaller than this run the custom kernel (vLLM CustomAllreduce max_size, "
-        "8 MiB).",
+        description="Messages strictly smaller than this run the custom kernel (vLLM CustomAllreduce max_size, 8 MiB).",
     )
 
 

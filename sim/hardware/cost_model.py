@@ -371,7 +371,11 @@ def load_cost_model(
 
 
 def _build(
-    data: dict, spec: ModelSpec, label: str, source: str, options: tuple[bool, GPUSpec, AllReduceSpec | None],
+    data: dict,
+    spec: ModelSpec,
+    label: str,
+    source: str,
+    options: tuple[bool, GPUSpec, AllReduceSpec | None],
     path: object,
 ) -> CostModel:
     cpu_overhead, gpu, all_reduce = options
