@@ -17,6 +17,7 @@ import numpy as np
 
 from sim.config import DisaggregationConfig, PoolConfig
 from sim.errors import UserError
+from sim.hardware.all_reduce import AllReduceSpec
 from sim.hardware.catalog import get_gpu
 from sim.hardware.cost_model import load_cost_model
 from sim.hardware.draft import draft_cost_models, draft_models, kv_with_draft
@@ -60,7 +61,7 @@ def resolve_pool(resolved: ResolvedScenario, config: PoolConfig, field: str) -> 
         )  # fmt: skip
         cost = load_cost_model(  # a MoE model's expert split applies to every pool's replicas too
             scenario.model, gpu, config.tensor_parallel, cpu_overhead=cpu_overhead,
-            expert_parallel=scenario.expert_parallel,
+            expert_parallel=scenario.expert_parallel, all_reduce=AllReduceSpec.of(policy),
         )  # fmt: skip
         drafts = draft_cost_models(
             [policy], resolved.model, gpu, config.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
@@ -205,13 +206,26 @@ def condense_disaggregated(
     """(summary row, requests, kept iterations, k) as :func:`sim.runner._condense` keeps them.
 
     Per-pass MFU and MBU are NaN: the scenario's ``PassWork`` describes one GPU and TP degree,
-    and the pools may use others.
+    and the pools may use others. Each row's all-reduce time is priced by its own pool's cost model.
     """
-    from sim.metrics.records import sample_every_kth
+    from sim.metrics.records import sample_every_kth, with_all_reduce_column
 
     row = summarize_disaggregated(resolved, config, out)
+    price = _all_reduce_by_pool(resolved, config)
     if summary_only:
         empty = out.iterations.iloc[:0].copy()
-        return row, out.requests.iloc[:0].copy(), empty.assign(mfu=np.nan, mbu=np.nan), 0
+        return row, out.requests.iloc[:0].copy(), with_all_reduce_column(empty.assign(mfu=np.nan, mbu=np.nan), price), 0
     iterations, every = sample_every_kth(out.iterations, resolved.scenario.metrics.max_iteration_rows)
-    return row, out.requests, iterations.assign(mfu=np.nan, mbu=np.nan), every
+    return row, out.requests, with_all_reduce_column(iterations.assign(mfu=np.nan, mbu=np.nan), price), every
+
+
+def _all_reduce_by_pool(resolved: ResolvedScenario, config: DisaggregationConfig) -> Any:
+    """All-reduce seconds of passes given in iteration-row order: prefill replicas come first, then decode ones."""
+    prefill = resolve_pool(resolved, config.prefill, "disaggregation.prefill").spec.replica.cost_model
+    decode = resolve_pool(resolved, config.decode, "disaggregation.decode").spec.replica.cost_model
+
+    def price(tokens: np.ndarray, pieces: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        in_decode = replicas >= config.prefill.replicas
+        return np.where(in_decode, decode.all_reduce_s(tokens, pieces), prefill.all_reduce_s(tokens, pieces))
+
+    return price

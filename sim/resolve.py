@@ -15,6 +15,7 @@ import numpy as np
 from sim.checks import check_arrival_span, check_context_window
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.hardware.all_reduce import AllReduceSpec
 from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.draft import DraftModel, draft_cost_models, draft_models, kv_with_draft
@@ -45,6 +46,8 @@ class ResolvedScenario:
     """Draft model cost models of policies with speculative decoding by a draft model, by policy name."""
     draft_models: dict[str, DraftModel] = field(default_factory=dict)
     """The draft models themselves, by policy name: their weights and KV share the target's memory."""
+    _priced: dict[tuple[bool, AllReduceSpec], CostModel] = field(default_factory=dict, compare=False, repr=False)
+    """Cost models with a policy's all-reduce settings, by (GPU time only, settings): built once per run."""
 
     def kv_for(self, policy: Any) -> KVBudget:
         """The KV budget of one policy: the scenario's, unless it sets its own gpu_memory_utilization,
@@ -62,12 +65,8 @@ class ResolvedScenario:
     def replica_setup(self, policy: Any) -> ReplicaSetup:
         """How a replica of ``policy`` is priced and sized and which features it runs."""
         scenario, kv, engine_cpu = self.scenario, self.kv_for(policy), getattr(policy, "engine_cpu", None)
-        cost_model = self.cost_model
-        if engine_cpu is not None:  # its own CPU model: the GPU time alone (resolve loads it for such policies)
-            assert self.gpu_cost_model is not None, "a policy with engine_cpu needs the GPU-only cost model"
-            cost_model = self.gpu_cost_model
         return ReplicaSetup(
-            cost_model=cost_model,
+            cost_model=self.policy_cost_model(policy),
             kv_blocks=kv.num_blocks,
             block_size=kv.block_size,
             engine_cpu=engine_cpu,
@@ -91,6 +90,19 @@ class ResolvedScenario:
             refuse=self.over_length,
             seed=scenario.seed,
         )
+
+    def policy_cost_model(self, policy: Any) -> CostModel:
+        """The cost model ``policy`` runs on: GPU time alone when it has its own ``engine_cpu`` model, with its
+        ``all_reduce`` settings."""
+        gpu_only = getattr(policy, "engine_cpu", None) is not None
+        key = (gpu_only, AllReduceSpec.of(policy))
+        if key not in self._priced:
+            base = self.cost_model
+            if gpu_only:  # its own CPU model: the GPU time alone (resolve loads it for such policies)
+                assert self.gpu_cost_model is not None, "a policy with engine_cpu needs the GPU-only cost model"
+                base = self.gpu_cost_model
+            self._priced[key] = base.with_all_reduce(key[1])
+        return self._priced[key]
 
     @property
     def pass_work(self) -> PassWork:

@@ -25,7 +25,7 @@ from sim.errors import UserError, did_you_mean
 from sim.io.scenario import load_scenario
 from sim.metrics.benchmark import benchmark_record
 from sim.metrics.estimate import warn_if_large
-from sim.metrics.records import sample_every_kth
+from sim.metrics.records import sample_every_kth, with_all_reduce_column
 from sim.metrics.summary import summarize_run
 from sim.resolve import ResolvedScenario, resolve
 from sim.result import RunData
@@ -214,12 +214,18 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
     benchmark = benchmark_record(
         row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s
     )
+    cost = resolved.policy_cost_model(next(p for p in scenario.policies if p.name == name))
+
+    def price(tokens: np.ndarray, pieces: np.ndarray, _replicas: np.ndarray) -> np.ndarray:
+        return cost.all_reduce_s(tokens, pieces)  # every replica runs the same cost model
+
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
-        return _Kept(row, out.requests.iloc[:0].copy(), empty, 0, benchmark)
+        return _Kept(row, out.requests.iloc[:0].copy(), with_all_reduce_column(empty, price), 0, benchmark)
     iterations, every = sample_every_kth(out.iterations, metrics.max_iteration_rows)
-    # Per-pass MFU and MBU only on the kept rows: the summary took its figures from all passes.
-    return _Kept(row, out.requests, resolved.pass_work.add_columns(iterations), every, benchmark)
+    # Per-pass MFU, MBU and all-reduce time only on the kept rows: the summary took its figures from all passes.
+    kept = with_all_reduce_column(resolved.pass_work.add_columns(iterations), price)
+    return _Kept(row, out.requests, kept, every, benchmark)
 
 
 def _assemble(

@@ -27,6 +27,7 @@ SECTIONS: list[tuple[str, Any]] = [
     ("`workload.sessions`", config.Sessions),
     ("`policies[]` (by `kind`)", config.PolicyConfig),
     ("`policies[].engine_cpu`", config.EngineCPUConfig),
+    ("`policies[].all_reduce`", config.AllReduceConfig),
     ("`policies[].speculative`", config.SpeculativeConfig),
     ("`policies[].cuda_graphs`", CUDAGraphsConfig),
     ("`policies[].speculative.acceptance_rate` as a distribution (by `kind`)", config.AcceptanceDistribution),

@@ -28,7 +28,7 @@ from sim.hardware.utilization import UTILIZATION_COLUMNS
 from sim.metrics import estimate
 from sim.metrics import records as records_module
 from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
-from sim.metrics.records import ITERATION_COLUMNS, IterationRecords, sample_every_kth
+from sim.metrics.records import ALL_REDUCE_COLUMN, ITERATION_COLUMNS, IterationRecords, sample_every_kth
 from sim.metrics.summary import summarize_run
 from sim.resolve import resolve
 from sim.serving.engine import SimOutput, simulate
@@ -142,7 +142,7 @@ def test_policy_column_is_categorical_in_scenario_order(full: sim.RunResult) -> 
         assert isinstance(frame["policy"].dtype, pd.CategoricalDtype)
         assert list(frame["policy"].cat.categories) == POLICIES
         assert list(frame["policy"].unique()) == POLICIES
-    assert list(full.iterations.columns[1:]) == [*ITERATION_COLUMNS, *UTILIZATION_COLUMNS]
+    assert list(full.iterations.columns[1:]) == [*ITERATION_COLUMNS, *UTILIZATION_COLUMNS, ALL_REDUCE_COLUMN]
 
 
 def test_sampled_rows_do_not_view_the_full_table() -> None:

@@ -54,6 +54,12 @@ _HOMES = {
     ),
     **dict.fromkeys(
         (
+            "AllReduceConfig",
+        ),
+        "sim.config.policy_base",
+    ),
+    **dict.fromkeys(
+        (
             "ACCEPTANCE_BY_TEXT",
             "AcceptanceDistribution",
             "BetaAcceptance",
@@ -117,6 +123,7 @@ __all__ = [  # noqa: RUF022 - sorted
     "ACCEPTANCE_BY_TEXT",
     "AcceptanceDistribution",
     "AdmissionConfig",
+    "AllReduceConfig",
     "Arrival",
     "BetaAcceptance",
     "BurstArrival",
@@ -212,6 +219,9 @@ if TYPE_CHECKING:
         SpeculativeConfig,
         StaticPolicyConfig,
         UniformAcceptance,
+    )
+    from sim.config.policy_base import (
+        AllReduceConfig,
     )
     from sim.config.scenario import (
         Scenario,

@@ -67,6 +67,26 @@ class CUDAGraphsConfig(StrictModel):
             raise ValueError(f"the largest size must be <= 1000000 tokens, got {sizes[-1]}")
         return sizes
 
+class AllReduceConfig(StrictModel):
+    """Which kernel runs the tensor-parallel all-reduces (two per layer); defaults: vLLM's (0.4 to 0.15).
+
+    vLLM runs its own all-reduce kernel on GPUs NVLink connects all-to-all, for messages below
+    ``custom_max_bytes`` (one-shot or two-shot by size), and NCCL otherwise. Passes that replay a
+    CUDA graph (the policy's ``cuda_graphs``) pay no launch overhead (docs/cost_model.md, "All-reduce").
+    """
+
+    algorithm: Literal["custom", "nccl"] = Field(
+        "custom",
+        description="'custom': vLLM's custom all-reduce below custom_max_bytes on NVLink GPUs (2, 4, 6 or 8 of "
+        "them), NCCL above and on PCIe GPUs; 'nccl': NCCL always (--disable-custom-all-reduce).",
+    )
+    custom_max_bytes: Int = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        le=1 << 40,
+        description="Messages strictly smaller than this run the custom kernel (vLLM CustomAllreduce max_size, 8 MiB).",
+    )
+
 
 # --------------------------------------------------------------------------- speculative decoding
 class BetaAcceptance(StrictModel):
@@ -200,6 +220,11 @@ class PolicyConfigBase(StrictModel):
         None,
         description="CUDA-graph capture sizes this engine replays passes at (None: every pass at its own size). "
         "Set by the vllm-* presets from each version's defaults (python -m sim list presets).",
+    )
+    all_reduce: AllReduceConfig = Field(
+        default_factory=AllReduceConfig,
+        description="Which kernel runs the tensor-parallel all-reduces: vLLM's custom kernel (below a size limit, "
+        "NVLink GPUs) or NCCL (TP > 1 only).",
     )
     num_scheduler_steps: Int = Field(
         1,

@@ -1,13 +1,16 @@
 """Per-iteration GPU time of one forward pass: the cost model the engine calls.
 
 T(batch) = linear(N) + lm_head(R) + attention_prefill + attention_decode
-           + all_reduce(N) + cpu_overhead(R),
+           + all_reduce(N, graphed) + cpu_overhead(R),
 
 with N = prefill chunk tokens + one token per decode sequence and R = sequences in the
 batch (one sampled row each). Curves are monotone piecewise-linear in their argument
 and the attention forms have non-negative coefficients, so the time never decreases
 when tokens, context or sequences are added. See :mod:`sim.calibration.fitting` for the
-forms and :func:`load_cost_model` for where the numbers come from.
+forms and :func:`load_cost_model` for where the numbers come from. The all-reduce is priced
+as the engine runs it (:mod:`sim.hardware.all_reduce`: vLLM's custom kernel or NCCL by
+message size, in a CUDA graph or eager), from a policy's ``all_reduce`` settings
+(:meth:`CostModel.with_all_reduce`).
 
 The token- and row-indexed curves are also tabulated at every integer below
 ``TABLE_SIZE`` (:meth:`PiecewiseLinear.table`, bitwise equal to the curve), so the hot
@@ -16,9 +19,13 @@ path indexes a list instead of bisecting; larger counts fall back to the curve.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import numpy as np
 
 from sim.errors import UserError
+from sim.hardware.all_reduce import AllReduceSpec, per_call_ms
 from sim.hardware.calibration_files import (
     CALIBRATION_DIR,
     DECODE_TERMS,
@@ -29,7 +36,7 @@ from sim.hardware.calibration_files import (
     read_yaml,
     roofline_file_name,
 )
-from sim.hardware.catalog import ModelSpec, check_tensor_parallel, get_gpu, get_model
+from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.moe import check_expert_parallel
 from sim.hardware.transfer import label_for, roofline_calibration
@@ -56,12 +63,15 @@ class CostModel:
         label: "calibrated", "transferred" or "uncalibrated (roofline)".
         source: provenance, recorded in scenario.resolved.yaml.
         cpu_overhead: add the engine's CPU time per iteration.
+        gpu: the GPU (interconnect and link rate of the all-reduce); default: the calibration's ``gpu``.
+        all_reduce: how the engine runs its all-reduces (default: vLLM v0's, :class:`AllReduceSpec`).
 
     Attributes:
         label: see above.
         source: see above.
         fit_error: held-out / transfer error per component, as in the calibration.
         num_layers: transformer blocks of the model (a per-layer share of a pass, e.g. an EAGLE head).
+        all_reduce_spec: the all-reduce settings the tables were built for.
     """
 
     def __init__(
@@ -72,6 +82,8 @@ class CostModel:
         label: str,
         source: str,
         cpu_overhead: bool = True,
+        gpu: GPUSpec | None = None,
+        all_reduce: AllReduceSpec | None = None,
     ) -> None:
         self.label, self.source = label, source
         self.fit_error = calibration.get("fit_error", {})
@@ -79,7 +91,9 @@ class CostModel:
         lin, lm = calibration["linear"], calibration["lm_head"]
         self._linear = PiecewiseLinear(lin["tokens"], lin["ms"]).scaled(y_scale=_MS)
         self._lm_head = PiecewiseLinear(lm["rows"], lm["ms"]).scaled(y_scale=_MS)
-        self._all_reduce = _all_reduce_curve(calibration.get("all_reduce"), model)
+        self._model, self._ar_section = model, calibration.get("all_reduce") or None
+        self._gpu = gpu if gpu is not None or not self._ar_section else get_gpu(calibration["gpu"])
+        self._set_all_reduce(all_reduce or AllReduceSpec())
         cpu = calibration["cpu_overhead"]
         self._cpu = (
             PiecewiseLinear(cpu["batch_size"], cpu["ms"]).scaled(y_scale=_MS)
@@ -88,11 +102,32 @@ class CostModel:
         )
         self._linear_t = self._linear.table(TABLE_SIZE)
         self._lm_head_t = self._lm_head.table(TABLE_SIZE)
-        self._all_reduce_t = self._all_reduce.table(TABLE_SIZE) if self._all_reduce is not None else []
         self._cpu_t = self._cpu.table(TABLE_SIZE) if self._cpu is not None else []
         dec, pre = calibration["attention"]["decode"], calibration["attention"]["prefill"]
         self._d0, self._d1, self._d2 = (layers * dec[k] * _MS for k in DECODE_TERMS)
         self._p0, self._p1, self._p2, self._p3 = (layers * pre[k] * _MS for k in PREFILL_TERMS)
+
+    def _set_all_reduce(self, spec: AllReduceSpec) -> None:
+        self.all_reduce_spec = spec
+        self._graph_tokens, self._graph_mixed = spec.graph_max_tokens, spec.graph_mixed_batches
+        self._ar = _AllReducePricing.build(self._ar_section, self._model, self._gpu, spec)
+
+    def with_all_reduce(self, spec: AllReduceSpec) -> CostModel:
+        """This cost model with its all-reduces run as ``spec`` says (``self`` when it already does)."""
+        if spec == self.all_reduce_spec:
+            return self
+        other = copy.copy(self)
+        other._set_all_reduce(spec)
+        return other
+
+    def all_reduce_s(self, tokens: np.ndarray, prefill_seqs: np.ndarray) -> np.ndarray:
+        """All-reduce seconds of passes of ``tokens`` tokens with ``prefill_seqs`` prefill pieces (vectorised;
+        equal to the ``all_reduce`` entry of :meth:`breakdown_from_totals_s` pass by pass; 0 at TP 1)."""
+        tokens = np.asarray(tokens)
+        if self._ar is None:
+            return np.zeros(tokens.shape)
+        graphed = (tokens <= self._graph_tokens) & ((np.asarray(prefill_seqs) == 0) | self._graph_mixed)
+        return self._ar.seconds(tokens, graphed)
 
     def time_from_totals_s(
         self,
@@ -136,8 +171,12 @@ class CostModel:
             )
         if num_decode_seqs > 0:
             total += self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
-        if self._all_reduce is not None:
-            total += self._all_reduce_t[tokens] if small and self._all_reduce_t else self._all_reduce(tokens)
+        if self._ar is not None:
+            graphed = tokens <= self._graph_tokens and (num_prefill_seqs == 0 or self._graph_mixed)
+            if small:
+                total += (self._ar.graph_t if graphed else self._ar.eager_t)[tokens]
+            else:
+                total += self._ar.pass_s(tokens, graphed)
         if self._cpu is not None:
             total += self._cpu_t[rows] if small and self._cpu_t else self._cpu(rows)
         return total
@@ -194,8 +233,9 @@ class CostModel:
             parts["attention_decode"] = (
                 self._d0 + self._d1 * num_decode_seqs + self._d2 * decode_kv_tokens
             )
-        if self._all_reduce is not None:
-            parts["all_reduce"] = self._all_reduce(tokens)
+        if self._ar is not None:
+            graphed = tokens <= self._graph_tokens and (num_prefill_seqs == 0 or self._graph_mixed)
+            parts["all_reduce"] = self._ar.pass_s(tokens, graphed)
         if self._cpu is not None:
             parts["cpu_overhead"] = self._cpu(rows)
         return parts
@@ -220,13 +260,55 @@ def _totals(
     return (*prefill, int(decode.size), int(decode.sum()) if decode.size else 0)
 
 
-def _all_reduce_curve(section: dict | None, model: ModelSpec) -> PiecewiseLinear | None:
-    if not section:
-        return None
-    # Message bytes -> tokens (tokens x hidden x 2 bytes); two all-reduces per layer.
-    per_token_bytes = model.hidden_size * model.dtype_bytes
-    curve = PiecewiseLinear(section["message_bytes"], section["ms"])
-    return curve.scaled(x_scale=1.0 / per_token_bytes, y_scale=2 * model.num_layers * _MS)
+class _AllReducePricing:
+    """Per-pass all-reduce seconds by token count, in a CUDA graph and eager (:mod:`sim.hardware.all_reduce`).
+
+    Two all-reduces per layer of tokens x hidden x dtype bytes; each table is the upper envelope of the per-pass
+    time over token counts, so it never decreases when a token is added. Counts at or past ``TABLE_SIZE`` take
+    the envelope's last value or the time at that count, whichever is larger.
+    """
+
+    def __init__(self, price: Callable[[np.ndarray, bool], np.ndarray]) -> None:
+        self._price = price
+        tokens = np.arange(TABLE_SIZE, dtype=np.float64)
+        self.graph = np.maximum.accumulate(price(tokens, True))
+        self.eager = np.maximum.accumulate(price(tokens, False))
+        self.graph_t, self.eager_t = self.graph.tolist(), self.eager.tolist()
+
+    @classmethod
+    def build(
+        cls, section: dict | None, model: ModelSpec, gpu: GPUSpec | None, spec: AllReduceSpec
+    ) -> _AllReducePricing | None:
+        """The tables for a calibration's ``all_reduce`` section (None at TP 1: nothing to reduce)."""
+        if not section:
+            return None
+        assert gpu is not None, "an all-reduce section needs its GPU"
+        gpus = int(section["gpus"])
+        nccl_ms = PiecewiseLinear(section["message_bytes"], section["ms"]).at  # message bytes -> ms of one call
+        per_token_bytes = float(model.hidden_size * model.dtype_bytes)
+        calls_s = 2 * model.num_layers * _MS  # two all-reduces per layer, ms -> s
+
+        def price(tokens: np.ndarray, graphed: bool) -> np.ndarray:
+            return calls_s * per_call_ms(spec, gpu, gpus, nccl_ms, tokens * per_token_bytes, graphed=graphed)
+
+        return cls(price)
+
+    def pass_s(self, tokens: float, graphed: bool) -> float:
+        """Seconds of one pass of ``tokens`` tokens."""
+        table = self.graph_t if graphed else self.eager_t
+        if tokens.__class__ is int and 0 <= tokens < TABLE_SIZE:
+            return table[tokens]
+        floor = table[min(max(int(tokens), 0), TABLE_SIZE - 1)]
+        return max(floor, float(self._price(np.array([float(tokens)]), graphed)[0]))
+
+    def seconds(self, tokens: np.ndarray, graphed: np.ndarray) -> np.ndarray:
+        """:meth:`pass_s` of every pass (arrays of token counts and graph flags)."""
+        tokens = np.asarray(tokens)
+        index = np.clip(tokens, 0, TABLE_SIZE - 1).astype(np.int64)
+        out = np.where(graphed, self.graph[index], self.eager[index])
+        for i in np.flatnonzero((tokens >= TABLE_SIZE) | (tokens != index)):  # rare: past the table, or fractional
+            out[i] = self.pass_s(float(tokens[i]), bool(graphed[i]))
+        return out
 
 
 def calibrated_configs() -> list[tuple[str, str, int]]:
@@ -241,7 +323,13 @@ def calibrated_configs() -> list[tuple[str, str, int]]:
 
 
 def load_cost_model(
-    model: str, gpu: str, tensor_parallel: int, *, cpu_overhead: bool = True, expert_parallel: int = 1
+    model: str,
+    gpu: str,
+    tensor_parallel: int,
+    *,
+    cpu_overhead: bool = True,
+    expert_parallel: int = 1,
+    all_reduce: AllReduceSpec | None = None,
 ) -> CostModel:
     """The cost model of ``model`` on ``tensor_parallel`` x ``gpu``.
 
@@ -251,7 +339,8 @@ def load_cost_model(
     ("transferred (h100 profiles)", "transferred (a40 profiles)"); any other GPU the A100
     roofline on its datasheet roofs ("uncalibrated (roofline)"). Mixture-of-experts models
     (never profiled) take the roofline path with "MoE" in the label and their routed experts
-    split into ``expert_parallel`` groups (:mod:`sim.hardware.moe`).
+    split into ``expert_parallel`` groups (:mod:`sim.hardware.moe`). ``all_reduce`` says how the
+    engine runs its all-reduces (default: :class:`~sim.hardware.all_reduce.AllReduceSpec`, vLLM v0).
 
     Raises:
         UserError: unknown model or GPU, TP that does not divide the heads or has no
@@ -266,25 +355,32 @@ def load_cost_model(
     if path.is_file():
         data = read_yaml(path)
         source = f"{path.name} ({data.get('source', LICENCE)})"
-        return _build(data, spec, "calibrated", source, cpu_overhead, path)
+        return _build(data, spec, "calibrated", source, (cpu_overhead, gpu_spec, all_reduce), path)
     own_roof = CALIBRATION_DIR / roofline_file_name(gpu)
     if own_roof.is_file():  # a profiled GPU: efficiencies fitted on its own linear ops
         roof = read_yaml(own_roof)
         data = roofline_calibration(roof, spec, gpu_spec, tensor_parallel, expert_parallel)
         source = f"roofline on {gpu} with efficiencies from {own_roof.name} ({roof['source']})"
         label = label_for(gpu_spec, gpu, moe_model=moe_model)
-        return _build(data, spec, label, source, cpu_overhead, own_roof)
+        return _build(data, spec, label, source, (cpu_overhead, gpu_spec, all_reduce), own_roof)
     roof_path = CALIBRATION_DIR / ROOFLINE_FILE
     data = roofline_calibration(read_yaml(roof_path), spec, gpu_spec, tensor_parallel, expert_parallel)
     label = label_for(gpu_spec, moe_model=moe_model)
     source = f"roofline on {gpu} datasheet roofs with efficiencies from {ROOFLINE_FILE} ({LICENCE})"
-    return _build(data, spec, label, source, cpu_overhead, roof_path)
+    return _build(data, spec, label, source, (cpu_overhead, gpu_spec, all_reduce), roof_path)
 
 
 def _build(
-    data: dict, spec: ModelSpec, label: str, source: str, cpu_overhead: bool, path: object
+    data: dict,
+    spec: ModelSpec,
+    label: str,
+    source: str,
+    options: tuple[bool, GPUSpec, AllReduceSpec | None],
+    path: object,
 ) -> CostModel:
+    cpu_overhead, gpu, all_reduce = options
     try:
-        return CostModel(data, spec, label=label, source=source, cpu_overhead=cpu_overhead)
+        return CostModel(data, spec, label=label, source=source, cpu_overhead=cpu_overhead, gpu=gpu,
+                         all_reduce=all_reduce)  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: corrupt calibration ({type(exc).__name__}: {exc})") from None

@@ -67,7 +67,12 @@ class PiecewiseLinear:
         elementwise, no fused multiply-add), so ``table[x] == self(x)`` exactly; the
         curve is linear between its knots, so nothing is approximated.
         """
-        x = np.arange(size, dtype=np.float64)
+        return self.at(np.arange(size, dtype=np.float64)).tolist()
+
+    def at(self, positions: Values) -> np.ndarray:
+        """The curve at every position of an array, each value bitwise equal to ``self(x)``
+        (the same IEEE operations, elementwise, as :meth:`__call__`)."""
+        x = np.asarray(positions, dtype=np.float64)
         xs, ys = np.asarray(self.xs), np.asarray(self.ys)
         i = np.searchsorted(xs, x, side="right") - 1  # bisect_right - 1
         inner = np.clip(i, 0, len(self._slopes) - 1)
@@ -76,8 +81,7 @@ class PiecewiseLinear:
         below = ys[0] + slopes[0] * (x - xs[0])
         out = np.where(i < 0, np.where(below > 0.0, below, 0.0), out)  # max(0.0, v), -0.0 -> 0.0
         tail = self._y_last + self._tail_slope * (x - self._x_last)
-        out = np.where(x >= self._x_last, tail, out)
-        return out.tolist()
+        return np.where(x >= self._x_last, tail, out)
 
     def scaled(self, x_scale: float = 1.0, y_scale: float = 1.0) -> PiecewiseLinear:
         """The same curve with positions times ``x_scale`` and values times ``y_scale``."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.errors import UserError
+from sim.hardware.all_reduce import AllReduceSpec
 from sim.hardware.catalog import ModelSpec, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.memory import KVBudget, with_draft_model
@@ -74,8 +75,9 @@ def draft_cost_models(
             # A policy with its own engine CPU model prices GPU time only, its draft passes too.
             own_cpu = getattr(by_name[name], "engine_cpu", None) is not None
             found[name] = load_cost_model(
-                draft.spec.name, gpu, tensor_parallel, cpu_overhead=cpu_overhead and not own_cpu
-            )
+                draft.spec.name, gpu, tensor_parallel, cpu_overhead=cpu_overhead and not own_cpu,
+                all_reduce=AllReduceSpec.of(by_name[name]),
+            )  # fmt: skip
         except UserError as exc:
             raise UserError(f"draft model {draft.spec.name}: {exc}", field=draft.field) from None
     return found

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,10 @@ ITERATION_COLUMNS: tuple[str, ...] = (
     "kv_blocks_used", "kv_blocks_total", "prefill_attn_work", "decode_kv_tokens", "prefill_context_tokens",
 )  # fmt: skip
 """Columns of ``SimOutput.iterations``, in order."""
+
+ALL_REDUCE_COLUMN = "all_reduce_s"
+"""Appended to the iteration rows a result keeps (after ``mfu`` and ``mbu``): the seconds of each pass that the
+cost model gives its tensor-parallel all-reduces (0 at TP 1); divided by ``duration_s``, their share."""
 
 
 class RequestRecords:
@@ -248,6 +253,25 @@ class IterationRecords:
             for name in data:
                 data[name] = data[name][order]  # frees that column's buffer
         return pd.DataFrame(data, copy=False)
+
+
+def with_all_reduce_column(
+    iterations: pd.DataFrame, all_reduce_s: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+) -> pd.DataFrame:
+    """``iterations`` with ``all_reduce_s`` appended (a shallow copy), priced from all rows' totals at once.
+
+    Args:
+        iterations: iteration rows (``ITERATION_COLUMNS``).
+        all_reduce_s: seconds of all-reduce of passes of (tokens, prefill pieces, replica), vectorised
+            (:meth:`sim.hardware.cost_model.CostModel.all_reduce_s` of the replica's cost model).
+    """
+    out = iterations.copy(deep=False)
+    decodes = iterations["decode_tokens"].to_numpy(dtype=np.int64)
+    tokens = iterations["prefill_tokens"].to_numpy(dtype=np.int64) + decodes
+    pieces = iterations["batch_size"].to_numpy(dtype=np.int64) - decodes  # rows = prefill pieces + decodes
+    replicas = iterations["replica"].to_numpy()
+    out[ALL_REDUCE_COLUMN] = all_reduce_s(tokens, pieces, replicas) if len(iterations) else np.zeros(0)
+    return out
 
 
 def sample_every_kth(frame: pd.DataFrame, max_rows: int) -> tuple[pd.DataFrame, int]:
