@@ -23,7 +23,7 @@ from sim.calibration.profiles import ATTENTION_FILE, CPU_FILE, ProfileSet, all_r
 from sim.errors import UserError
 from sim.hardware import scaling
 from sim.hardware.calibration_files import GPU_DIRS, LICENCE
-from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model
+from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model, layer_shapes
 
 PROFILED_GPU = "a100-80gb"
 ALL_REDUCE_GPUS = (2, 4, 8, 16)
@@ -233,13 +233,15 @@ def committed_configs(profiles: ProfileSet, gpu: str) -> tuple[list[tuple[str, i
     """The (model, TP) calibrations committed for ``gpu`` and why others are skipped.
 
     The A100 keeps its fixed list (:data:`COMMITTED`); another profiled GPU gets every
-    profiled (model, TP) whose weights leave room for a KV cache in its memory.
+    profiled (model, TP) whose weights leave room for a KV cache in its memory. Either way a
+    pair whose layer shapes an earlier kept pair already has at that TP is skipped: the model
+    prices itself with that calibration (:mod:`sim.hardware.same_shape`), never a second one.
 
     Returns:
-        ((model, TP) pairs, one "skipped ..." line per profiled pair that does not fit).
+        ((model, TP) pairs, one "skipped ..." line per pair left out and why).
     """
     if gpu == PROFILED_GPU:
-        return list(COMMITTED), []
+        return _one_per_shape(list(COMMITTED), gpu)
     gpu_profiles = ProfileSet(profiles.root, gpu)
     kept, skipped = [], []
     for model in gpu_profiles.profiled_models():
@@ -250,6 +252,23 @@ def committed_configs(profiles: ProfileSet, gpu: str) -> tuple[list[tuple[str, i
                 skipped.append(f"skipped {model} TP{tp} on {gpu}: {problem}")
             else:
                 kept.append((model, int(tp)))
+    unique, duplicates = _one_per_shape(kept, gpu)
+    return unique, skipped + duplicates
+
+
+def _one_per_shape(pairs: list[tuple[str, int]], gpu: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """``pairs`` without any whose (layer shapes, TP) an earlier pair has, and a line per dropped pair."""
+    first: dict[tuple, str] = {}
+    kept, skipped = [], []
+    for model, tp in pairs:
+        key = (layer_shapes(get_model(model)), tp)
+        if key in first:
+            skipped.append(
+                f"skipped {model} TP{tp} on {gpu}: same layer shapes as {first[key]}, whose calibration it uses"
+            )
+            continue
+        first[key] = model
+        kept.append((model, tp))
     return kept, skipped
 
 
