@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.calibration import fit_checks, fitting, gpu_calibrate, holdout, roofline_fit
+from sim.calibration import attention_kernels, fit_checks, fitting, gpu_calibrate, holdout, roofline_fit
 from sim.calibration.profiles import ATTENTION_FILE, CPU_FILE, ProfileSet, all_reduce_file, licence, mlp_file
 from sim.errors import UserError
 from sim.hardware import scaling
@@ -168,6 +168,12 @@ def _transferred_attention_section(profiles: ProfileSet, model: ModelSpec, tp: i
         f"{ratios['models']} models): x{ratios['bandwidth']:.3g} on bandwidth terms "
         f"(1 token), x{ratios['flops']:.3g} on FLOP terms (4096 tokens)"
     )
+    if "prefill" in ratios:
+        note += (
+            f"; prefill instead x{ratios['prefill']:.3g} on every term: the published speed of "
+            f"{profiles.gpu}'s own attention kernel over the A100 profile at 512-4096 tokens "
+            f"({attention_kernels.SOURCES[profiles.gpu]})"
+        )
     return {"note": note, "decode": _sig_dict(dec), "prefill": _sig_dict(pre)}
 
 

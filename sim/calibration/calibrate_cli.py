@@ -9,8 +9,9 @@ On H100 (``h100-sxm``) and A40 (``a40``), ``--all`` fits every profiled (model, 
 weights fit the GPU's memory and prints a line for each one skipped.
 
 ``--report`` prints the held-out fit errors and saves Markdown + PNG fit reports (and,
-with ``--all``, the leave-one-model-out transfer report and ``same_shape.md``: the models that
-use a same-shape model's calibration, found from the catalog's layer shapes) into ``--report-dir``.
+with ``--all``, the leave-one-model-out transfer report, ``same_shape.md`` (the models that use a
+same-shape model's calibration, found from the catalog's layer shapes) and, when the H100 is
+fitted, ``h100_prefill.md`` (TP1 prefill against its profiles)) into ``--report-dir``.
 A model with a same-shape model's calibration on that (GPU, TP) is not calibrated a second time
 (``--out`` writes one elsewhere).
 """
@@ -188,9 +189,14 @@ def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
         text, md, png = fit_report.transfer_report(ProfileSet(profiles.root, gpu), args.report_dir)
         print(text)
         print(f"saved {md} and {png}")
+    from sim.calibration.prefill_report import GPU as PREFILL_GPU
+    from sim.calibration.prefill_report import prefill_report
     from sim.calibration.same_shape_report import same_shape_report
 
-    text, md = same_shape_report(profiles, args.report_dir)
-    print(text)
-    print(f"saved {md}")
+    reports = [same_shape_report(profiles, args.report_dir)]
+    if PREFILL_GPU in gpus:
+        reports.append(prefill_report(profiles, args.report_dir))
+    for text, md in reports:
+        print(text)
+        print(f"saved {md}")
     return 0
