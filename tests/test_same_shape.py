@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -188,3 +189,21 @@ def test_vocabulary_context_and_tying_leave_the_shape_alone(twin: str, vocab: in
             theirs = load_cost_model(twin, gpu, tp).breakdown_from_totals_s(300, 1, 300 * 150.0, 8, 8 * 900)
             assert mine["linear"] == theirs["linear"] and mine["attention_decode"] == theirs["attention_decode"]
             assert mine["lm_head"] == pytest.approx(theirs["lm_head"] * vocab / base.vocab_size, rel=1e-12)
+
+
+PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
+
+
+@pytest.mark.skipif(not (PROFILES / "a100").is_dir(), reason=f"raw A100 profiles not found at {PROFILES}")
+def test_report_lists_the_pairs_and_measures_the_premise(tmp_path: Path) -> None:
+    from sim.calibration.profiles import ProfileSet
+    from sim.calibration.same_shape_report import premise_rows, same_shape_report
+
+    text, path = same_shape_report(ProfileSet(PROFILES), tmp_path)
+    assert path.read_text() == text
+    assert "- llama-3.1-70b: same-shape (llama-2-70b) on a100-80gb TP 2,4; a40 TP 4,8; h100-sxm TP 2,4,8" in text
+    rows = premise_rows(ProfileSet(PROFILES))
+    # Llama-3-70B was profiled on the A100 itself: Llama-2-70B's curve predicts it where that curve is measured.
+    within = [r for r in rows if r["model"] == "llama-3-70b" and r["tokens"].startswith("<=")]
+    assert {r["tp"] for r in within} == {2, 4}
+    assert all(r["rows"] > 200 and r["mape"] <= 0.03 and abs(r["bias"]) <= 0.03 for r in within)
