@@ -315,5 +315,3 @@ class Workload(StrictModel):
                 if getattr(self, name) is None:
                     raise ValueError(f"{name} is required for arrival kind '{self.arrival.kind}'")
         return self
-
-

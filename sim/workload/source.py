@@ -39,9 +39,7 @@ class _Replay:
     max_tokens: dict[str, int]
 
 
-def build_request_stream(
-    workload: Workload, seed: int, base_dir: str | None = None
-) -> RequestStream:
+def build_request_stream(workload: Workload, seed: int, base_dir: str | None = None) -> RequestStream:
     """The request stream of a scenario's workload.
 
     Args:
@@ -68,12 +66,8 @@ def build_request_stream(
         return _trace_clients(mooncake_stream(workload, base_dir), workload.arrival, streams)
     replay = _load_replay(workload.arrival, workload.requests, base_dir)
     n = len(replay.rows) if replay else (workload.requests or DEFAULT_REQUESTS)
-    prompt_tokens, _ = _lengths(
-        workload.prompt_tokens, "prompt_tokens", replay, n, streams, base_dir
-    )
-    output_tokens, output_bound = _lengths(
-        workload.output_tokens, "output_tokens", replay, n, streams, base_dir
-    )
+    prompt_tokens, _ = _lengths(workload.prompt_tokens, "prompt_tokens", replay, n, streams, base_dir)
+    output_tokens, output_bound = _lengths(workload.output_tokens, "output_tokens", replay, n, streams, base_dir)
     max_output_tokens = workload.max_output_tokens or output_bound
     arrival_s, closed_loop = _send_times(workload, n, replay, streams)
     order = send_permutation(workload.order, prompt_tokens)
