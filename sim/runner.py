@@ -29,6 +29,7 @@ from sim.metrics.records import sample_every_kth
 from sim.metrics.summary import summarize_run
 from sim.resolve import ResolvedScenario, resolve
 from sim.result import RunData
+from sim.saturation import load_fraction
 from sim.serving.engine import simulate
 
 ProgressFactory = Callable[[str, int], Callable[[float, int], None] | None]
@@ -39,7 +40,12 @@ class RunResult(RunData):
     its terminal and notebook display."""
 
     def save(
-        self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, json: bool = False,
+        self,
+        out_dir: str | Path,
+        *,
+        plots: bool = True,
+        trace_events: bool = False,
+        json: bool = False,
         html: bool = False,
     ) -> Path:
         """Write every output file into ``out_dir`` atomically (see :mod:`sim.io.outputs`); with
@@ -125,12 +131,7 @@ def run(
     factory = _progress_factory(progress)
     started = time.perf_counter()
     per_policy = {
-        p.name: _condense(
-            resolved,
-            p.name,
-            _simulate_policy(resolved, p, factory, index=k, count=len(selected)),
-            summary_only=summary_only,
-        )
+        p.name: _run_policy(resolved, p, factory, index=k, count=len(selected), summary_only=summary_only)
         for k, p in enumerate(selected, start=1)
     }
     runtime_s = time.perf_counter() - started
@@ -155,6 +156,28 @@ def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any
                 f"--policy '{name}' is not in the scenario{did_you_mean(name, known)}; policies: {', '.join(known)}"
             )
     return [p for p in entries if p.name in names]
+
+
+def _run_policy(
+    resolved: ResolvedScenario,
+    policy: Any,
+    factory: Callable[..., Any] | None,
+    *,
+    index: int,
+    count: int,
+    summary_only: bool,
+) -> _Kept:
+    """Simulate one policy and condense its records, its summary row with ``load_frac``."""
+    out = _simulate_policy(resolved, policy, factory, index=index, count=count)
+    load_frac = load_fraction(resolved, policy, out.requests)  # its capacity replay, while the records live
+    kept = _condense(resolved, policy.name, out, summary_only=summary_only)
+    kept.row["load_frac"] = load_frac
+    return kept
+
+
+def simulate_policy(resolved: ResolvedScenario, policy: Any) -> Any:
+    """One policy's raw records (:class:`~sim.serving.engine.SimOutput`) on ``resolved``'s stream, no progress."""
+    return _simulate_policy(resolved, policy, None, index=1, count=1)
 
 
 def _simulate_policy(
@@ -211,9 +234,7 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         work=resolved.pass_work,
     )
     metrics = scenario.metrics
-    benchmark = benchmark_record(
-        row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s
-    )
+    benchmark = benchmark_record(row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s)
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
         return _Kept(row, out.requests.iloc[:0].copy(), empty, 0, benchmark)
@@ -241,7 +262,14 @@ def _assemble(
         facts["iterations_every"] = {n: k.every for n, k in per_policy.items()}
     benchmark = {name: kept.benchmark for name, kept in per_policy.items()}
     return RunResult(
-        scenario, facts, summary, requests, iterations, runtime_s, scenario.seed, summary_only=summary_only,
+        scenario,
+        facts,
+        summary,
+        requests,
+        iterations,
+        runtime_s,
+        scenario.seed,
+        summary_only=summary_only,
         benchmark=benchmark,
     )
 
