@@ -4,15 +4,15 @@
 
 - **capacity** of a policy on a stream: the completion rate it sustains on the stream's own
   request mix *with the queue never empty*, measured by a **capacity replay**: the stream's
-  requests in order (repeated cyclically up to max(500, 3 x ``clients``) when the stream is shorter
-  and carries no prompt identity, whose repeats a prefix cache would serve), sent by
-  ``clients`` = 2 x the most sequences the deployment can batch, as a closed loop without
-  think time, on the same deployment (front end, replicas, router, KV budget), with patient
-  clients (no timeout, no queue limit). While requests remain unsent there are ``clients`` in
-  the system, more than the batch holds; the rate is counted over that window, after its first
-  quarter (the ramp-up of the first batch). A stream too short for such a window (fewer
-  than ``clients`` + 16 requests) is replayed as one burst and its capacity is its completions
-  over the burst's duration (ramp and drain included: a lower bound).
+  requests in order, repeated cyclically up to max(500, 3 x ``clients``) requests (unless the
+  policy caches prefixes and the prompts carry identity: a cache would serve the repeats),
+  sent by ``clients`` = 2 x the most sequences the deployment can batch, as a closed loop
+  without think time, on the same deployment (front end, replicas, router, KV budget), with
+  patient clients (no timeout, no queue limit). While requests remain unsent there are
+  ``clients`` in the system, more than the batch holds; the rate is counted over that window,
+  after its first quarter (the ramp-up of the first batch). A replay too short for such a
+  window (fewer than ``clients`` + 16 requests) is one burst and its capacity is its
+  completions over the burst's duration (ramp and drain included: a lower bound).
 - **offered rate** of an open-loop stream: (N - 1) / (last send - first send), the mean rate
   of its arrivals (exact for constant arrivals). A stream sent at one instant (a burst) has no
   rate: its offered rate is taken as N / D, its requests over the run's duration D, so a burst
@@ -104,15 +104,32 @@ def saturation_clients(resolved: ResolvedScenario, policy: Any) -> int:
     return 2 * resolved.scenario.replicas * math.ceil(full_batch(resolved, policy))
 
 
-def replay_stream(stream: RequestStream, clients: int) -> RequestStream:
+def caches_prefixes(resolved: ResolvedScenario, policy: Any) -> bool:
+    """Whether ``policy`` (any pool of a disaggregated deployment) runs with prefix caching."""
+    from sim.resolve import prefix_caching_on
+
+    if isinstance(policy, DisaggregationConfig):
+        return any(prefix_caching_on(resolved.scenario, pool.policy) for pool in (policy.prefill, policy.decode))
+    return prefix_caching_on(resolved.scenario, policy)
+
+
+def replay_stream(stream: RequestStream, clients: int, *, cached: bool = False) -> RequestStream:
     """The capacity replay's requests: the stream's own, as ``clients`` closed-loop clients.
 
-    A stream shorter than ``max(MIN_REPLAY_REQUESTS, REPLAY_PER_CLIENT x clients)`` is repeated up to that length,
-    unless it carries prompt identity (prefix caching would serve the repeats from cache).
+    Args:
+        stream: the run's requests.
+        clients: closed-loop clients of the replay.
+        cached: the policy caches prefixes; then a stream with prompt identity is not repeated
+            (its repeats would be served from cache), only cut.
+
+    Returns:
+        The first ``max(MIN_REPLAY_REQUESTS, REPLAY_PER_CLIENT x clients)`` requests of the stream
+        repeated cyclically.
     """
     n = len(stream)
     wanted = max(MIN_REPLAY_REQUESTS, REPLAY_PER_CLIENT * clients)
-    index = np.arange(wanted) % n if stream.content is None else np.arange(min(n, wanted))
+    repeat = stream.content is None or not cached
+    index = np.arange(wanted) % n if repeat else np.arange(min(n, wanted))
     content = stream.content.permuted(index) if stream.content is not None else None
     return RequestStream(
         arrival_s=np.full(len(index), np.nan),
@@ -137,7 +154,7 @@ def capacity_rps(resolved: ResolvedScenario, policy: Any) -> float:
     if not len(resolved.stream):
         return math.nan
     clients = saturation_clients(resolved, policy)
-    stream = replay_stream(resolved.stream, clients)
+    stream = replay_stream(resolved.stream, clients, cached=caches_prefixes(resolved, policy))
     key = _memo_key(resolved, policy, stream)
     if key not in _memo:
         _memo[key] = _measure(resolved, policy, stream)
