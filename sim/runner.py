@@ -27,10 +27,10 @@ from sim.metrics.benchmark import benchmark_record
 from sim.metrics.estimate import warn_if_large
 from sim.metrics.records import sample_every_kth
 from sim.metrics.summary import summarize_run
+from sim.policy_run import simulate_policy
 from sim.resolve import ResolvedScenario, resolve
 from sim.result import RunData
 from sim.saturation import load_fraction
-from sim.serving.engine import simulate
 
 ProgressFactory = Callable[[str, int], Callable[[float, int], None] | None]
 
@@ -175,21 +175,12 @@ def _run_policy(
     return kept
 
 
-def simulate_policy(resolved: ResolvedScenario, policy: Any) -> Any:
-    """One policy's raw records (:class:`~sim.serving.engine.SimOutput`) on ``resolved``'s stream, no progress."""
-    return _simulate_policy(resolved, policy, None, index=1, count=1)
-
-
 def _simulate_policy(
     resolved: ResolvedScenario, policy: Any, factory: Callable[..., Any] | None, *, index: int, count: int
 ) -> Any:
     callback = factory(policy.name, len(resolved.stream), index=index, count=count) if factory else None
     try:
-        if isinstance(policy, DisaggregationConfig):
-            from sim.disaggregation import simulate_disaggregated
-
-            return simulate_disaggregated(resolved, policy, callback)
-        return simulate(resolved.stream, policy, resolved.engine_setup(policy), progress=callback)
+        return simulate_policy(resolved, policy, callback)
     finally:
         close = getattr(callback, "close", None)
         if close:

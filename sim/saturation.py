@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import DisaggregationConfig
+from sim.policy_run import simulate_policy
 from sim.workload.stream import ClosedLoop, RequestStream
 
 if TYPE_CHECKING:
@@ -185,8 +186,6 @@ def load_fraction(resolved: ResolvedScenario, policy: Any, requests: pd.DataFram
 
 
 def _measure(resolved: ResolvedScenario, policy: Any, stream: RequestStream) -> float:
-    from sim.runner import simulate_policy
-
     refuse = resolved.over_length
     if refuse is not None:
         refuse = refuse[np.arange(len(stream)) % len(resolved.stream)]

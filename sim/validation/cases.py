@@ -33,18 +33,20 @@ class Residual:
 
     Per-request comparisons (metric names with ``_req_``) hold the ideal residual 0 as
     ``measured`` and the statistic of the per-request residuals as ``simulated``;
-    ``error_pct`` is then NaN.
+    ``error_pct`` is then NaN. So is it for a measurement below ``floor`` (in its unit), where
+    a relative error means nothing (a queue of a few microseconds).
     """
 
     metric: str
     unit: str
     measured: float
     simulated: float
+    floor: float = 0.0
 
     @property
     def error_pct(self) -> float:
-        """100 (simulated - measured) / measured; NaN for per-request rows or a zero measurement."""
-        if "_req_" in self.metric or not self.measured:
+        """100 (simulated - measured) / measured; NaN for per-request rows or a measurement below the floor."""
+        if "_req_" in self.metric or not self.measured or abs(self.measured) < self.floor:
             return math.nan
         return 100.0 * (self.simulated - self.measured) / self.measured
 

@@ -51,6 +51,8 @@ gpu_memory_utilization 0.9, KV cache 119,008 tokens from the log), each with its
 STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
 SPANS: dict[str, str] = {"ttft": "server_ttft_s", "e2e": "server_e2e_s", "queue": "server_queue_s"}
 SIMULATED: dict[str, str] = {"ttft": "ttft_s", "e2e": "e2e_s", "queue": "queue_delay_s"}
+QUEUE_FLOOR_MS = 1.0
+"""Queue statistics measured below this get no % error: an idle engine queues for microseconds."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +83,8 @@ class TraceCase(Case):
         rows = []
         for span, column in SPANS.items():
             real, sim = self.requests[column].to_numpy(), done[SIMULATED[span]].to_numpy()
-            rows += [Residual(f"{span}_{s}_ms", "ms", stat_ms(real, s), stat_ms(sim, s)) for s in STATS]
+            floor = QUEUE_FLOOR_MS if span == "queue" else 0.0
+            rows += [Residual(f"{span}_{s}_ms", "ms", stat_ms(real, s), stat_ms(sim, s), floor) for s in STATS]
             rows += per_request(span, real, sim)
         return rows
 

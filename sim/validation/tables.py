@@ -110,12 +110,21 @@ def _long_table(rows: pd.DataFrame) -> str:
 
 
 def median_errors(rows: pd.DataFrame) -> str:
-    """``Median |error| over N runs: metric x%, ...`` (per-request rows left out)."""
-    compared = rows[~rows["metric"].str.contains("_req_")]
+    """``Median |error| over N runs: metric x%, ...`` (rows without a % error, e.g. per-request, left out),
+    then the same over the unsaturated runs (load_frac < 0.9) where some runs are saturated."""
+    lines = [_median_line("Median |error|", rows)]
+    unsaturated = rows[rows["load_frac"] < SATURATED]
+    if 0 < unsaturated["run"].nunique() < rows["run"].nunique():
+        lines.append(_median_line(f"Unsaturated (load < {SATURATED:g}) median |error|", unsaturated))
+    return "\n\n".join(lines)
+
+
+def _median_line(title: str, rows: pd.DataFrame) -> str:
+    compared = rows[~rows["metric"].str.contains("_req_") & rows["error_pct"].notna()]
     medians = compared.groupby("metric", sort=False)["error_pct"].apply(lambda e: e.abs().median())
     runs = compared["run"].nunique()
     parts = [f"{LABELS.get(m, (m, ''))[0]} {v:.1f}%" for m, v in medians.items()]
-    return f"Median |error| over {runs} run{'s' if runs != 1 else ''}: " + ", ".join(parts) + "."
+    return f"{title} over {runs} run{'s' if runs != 1 else ''}: " + ", ".join(parts) + "."
 
 
 def _cost_models(table: pd.DataFrame) -> str:
@@ -127,7 +136,8 @@ def _cost_models(table: pd.DataFrame) -> str:
 
 def _cell(metric: str, row: pd.Series) -> str:
     measured, simulated = _number(metric, row["measured"]), _number(metric, row["simulated"])
-    return f"{measured} / {simulated} ({row['error_pct']:+.1f}%)"
+    error = "" if math.isnan(row["error_pct"]) else f" ({row['error_pct']:+.1f}%)"
+    return f"{measured} / {simulated}{error}"
 
 
 def _number(metric: str, value: float) -> str:
