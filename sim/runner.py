@@ -40,12 +40,7 @@ class RunResult(RunData):
     its terminal and notebook display."""
 
     def save(
-        self,
-        out_dir: str | Path,
-        *,
-        plots: bool = True,
-        trace_events: bool = False,
-        json: bool = False,
+        self, out_dir: str | Path, *, plots: bool = True, trace_events: bool = False, json: bool = False,
         html: bool = False,
     ) -> Path:
         """Write every output file into ``out_dir`` atomically (see :mod:`sim.io.outputs`); with
@@ -225,7 +220,9 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         work=resolved.pass_work,
     )
     metrics = scenario.metrics
-    benchmark = benchmark_record(row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s)
+    benchmark = benchmark_record(
+        row, out.requests, out.itl, percentiles=metrics.percentiles, warmup_s=metrics.warmup_s
+    )
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
         return _Kept(row, out.requests.iloc[:0].copy(), empty, 0, benchmark)
@@ -253,14 +250,7 @@ def _assemble(
         facts["iterations_every"] = {n: k.every for n, k in per_policy.items()}
     benchmark = {name: kept.benchmark for name, kept in per_policy.items()}
     return RunResult(
-        scenario,
-        facts,
-        summary,
-        requests,
-        iterations,
-        runtime_s,
-        scenario.seed,
-        summary_only=summary_only,
+        scenario, facts, summary, requests, iterations, runtime_s, scenario.seed, summary_only=summary_only,
         benchmark=benchmark,
     )
 

@@ -196,13 +196,13 @@ def policy_entry(flags: ServerFlags, name: str, run: str) -> tuple[dict[str, Any
             preset without it.
     """
     from sim.hardware.catalog import GPUS as CATALOG_GPUS
-    from sim.presets import PRESETS, DeploymentFacts
+    from sim.presets import DeploymentFacts, expand_preset
 
     preset = preset_for(flags.engine_version)
     _, gpu = catalog_names(flags, run)
     facts = DeploymentFacts(gpu, float(CATALOG_GPUS[gpu].memory_gb), flags.max_model_len)
-    kind = PRESETS[preset].fields(facts)["kind"]
     entry: dict[str, Any] = {"name": name, "preset": preset}
+    kind = expand_preset(dict(entry), facts)["kind"]  # the kind the preset resolves to on this deployment
     explicit = {
         "max_batch_size": flags.max_num_seqs,
         BUDGET_FIELD.get(kind, "max_num_batched_tokens"): flags.max_num_batched_tokens,
