@@ -221,7 +221,8 @@ def _chunking_notes(kind: str, flags: ServerFlags, preset: str, run: str) -> tup
     if chunked:
         raise UserError(f"run {shown(run)}: chunked prefill on, but preset {preset} (kind {kind!r}) never chunks")
     if preset in CHUNKING_FLAG_IGNORED:  # the server chunked whatever the flag said: replayed as it ran
-        return (f"--no-enable-chunked-prefill was ignored by {preset} ({CHUNKING_FLAG_IGNORED[preset]}): replayed chunked",)
+        why = CHUNKING_FLAG_IGNORED[preset]
+        return (f"--no-enable-chunked-prefill was ignored by {preset} ({why}): replayed chunked",)
     return (f"chunked prefill off is not expressible for preset {preset} (kind {kind!r}); replayed chunked",)
 
 
