@@ -25,16 +25,20 @@ def catalog_lines(what: str) -> list[str]:
 def _models() -> list[str]:
     from sim.hardware.catalog import MODELS
     from sim.hardware.cost_model import calibrated_configs
+    from sim.hardware.same_shape import LABEL, same_shape_configs
 
     calibrated = calibrated_configs()
+    # (model) -> {how it is priced: {gpu: [tp, ...]}}, in catalog then GPU order
+    priced: dict[str, dict[str, dict[str, list[int]]]] = {}
+    for model, gpu, tp in calibrated:
+        priced.setdefault(model, {}).setdefault("calibrated", {}).setdefault(gpu, []).append(tp)
+    for model, twin, gpu, tp in same_shape_configs(calibrated):
+        priced.setdefault(model, {}).setdefault(LABEL.format(twin=twin), {}).setdefault(gpu, []).append(tp)
     lines = []
     for name, m in MODELS.items():
-        per_gpu: dict[str, list[int]] = {}
-        for model, gpu, tp in calibrated:
-            if model == name:
-                per_gpu.setdefault(gpu, []).append(tp)
-        label = "; ".join(f"calibrated on {gpu} at TP {','.join(map(str, sorted(tps)))}"
-                          for gpu, tps in per_gpu.items()) or "roofline transfer"
+        label = "; ".join(f"{how} on " + ", ".join(f"{gpu} at TP {','.join(map(str, sorted(tps)))}"
+                                                  for gpu, tps in per_gpu.items())
+                          for how, per_gpu in priced.get(name, {}).items()) or "roofline transfer"
         lines.append(f"{name:<16} {m.hf_name:<36} {m.num_params / 1e9:6.1f}B params, "
                      f"{m.num_layers} layers, {m.num_kv_heads}/{m.num_q_heads} KV/Q heads — {label}")
     return lines

@@ -27,9 +27,10 @@ from sim.metrics.benchmark import benchmark_record
 from sim.metrics.estimate import warn_if_large
 from sim.metrics.records import sample_every_kth, with_all_reduce_column
 from sim.metrics.summary import summarize_run
+from sim.policy_run import simulate_policy
 from sim.resolve import ResolvedScenario, resolve
 from sim.result import RunData
-from sim.serving.engine import simulate
+from sim.saturation import load_fraction
 
 ProgressFactory = Callable[[str, int], Callable[[float, int], None] | None]
 
@@ -125,12 +126,7 @@ def run(
     factory = _progress_factory(progress)
     started = time.perf_counter()
     per_policy = {
-        p.name: _condense(
-            resolved,
-            p.name,
-            _simulate_policy(resolved, p, factory, index=k, count=len(selected)),
-            summary_only=summary_only,
-        )
+        p.name: _run_policy(resolved, p, factory, index=k, count=len(selected), summary_only=summary_only)
         for k, p in enumerate(selected, start=1)
     }
     runtime_s = time.perf_counter() - started
@@ -157,16 +153,29 @@ def select_policies(scenario: Scenario, names: Sequence[str] | None) -> list[Any
     return [p for p in entries if p.name in names]
 
 
+def _run_policy(
+    resolved: ResolvedScenario,
+    policy: Any,
+    factory: Callable[..., Any] | None,
+    *,
+    index: int,
+    count: int,
+    summary_only: bool,
+) -> _Kept:
+    """Simulate one policy and condense its records, its summary row with ``load_frac``."""
+    out = _simulate_policy(resolved, policy, factory, index=index, count=count)
+    load_frac = load_fraction(resolved, policy, out.requests)  # its capacity replay, while the records live
+    kept = _condense(resolved, policy.name, out, summary_only=summary_only)
+    kept.row["load_frac"] = load_frac
+    return kept
+
+
 def _simulate_policy(
     resolved: ResolvedScenario, policy: Any, factory: Callable[..., Any] | None, *, index: int, count: int
 ) -> Any:
     callback = factory(policy.name, len(resolved.stream), index=index, count=count) if factory else None
     try:
-        if isinstance(policy, DisaggregationConfig):
-            from sim.disaggregation import simulate_disaggregated
-
-            return simulate_disaggregated(resolved, policy, callback)
-        return simulate(resolved.stream, policy, resolved.engine_setup(policy), progress=callback)
+        return simulate_policy(resolved, policy, callback)
     finally:
         close = getattr(callback, "close", None)
         if close:

@@ -1,8 +1,10 @@
-"""Validation against real vLLM runs: benchmark_serving's metrics, parsing, the replay, the report.
+"""Validation against real vLLM bursts: benchmark_serving's metrics, parsing, the replay, the report.
 
 Tests marked ``needs_shared`` read ``../shared/validation/vllm-0.6.0-burst`` next to the
 repository and skip with a reason where it is absent; the others build tiny validation
-folders of their own.
+folders of their own. What the shared folder holds (its runs, their N) is read from its own
+files, never written here: the folder may gain runs. The other shapes (load stages,
+per-request traces) and folder detection: ``tests/test_validation_shapes.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from sim.validation.metrics import (
     median_tpot_ms,
     median_ttft_ms,
 )
-from sim.validation.report import DOCS_FILE, REPO_ROOT, refresh_docs, report_validation
+from sim.validation.report import DOCS_BLOCKS, DOCS_FILE, REPO_ROOT, refresh_docs, report_validation
 
 SHARED_SET = REPO_ROOT.parent / "shared" / "validation" / "vllm-0.6.0-burst"
 HAVE_SHARED = (SHARED_SET / "summary.csv").is_file()
@@ -197,7 +199,7 @@ def test_any_request_file_name_replays(tmp_path: Path, capsys) -> None:
 @given(st.text(max_size=300) | st.sampled_from(["run 1", "../up", ".hidden", "a/b:c?", "ü", ""]))
 def test_replay_names_are_valid_scenario_names(stem: str) -> None:
     from sim.config import Scenario
-    from sim.validation.replay import replay_name
+    from sim.validation.cases import replay_name
 
     name = replay_name(stem)
     fixed = {"kind": "fixed", "value": 8}
@@ -214,24 +216,30 @@ def test_tiny_set_replays_and_writes_both_tables(tmp_path: Path, capsys) -> None
     assert main(["validate-real", str(folder), "--out", str(out), "--quiet"]) == 0
     table = pd.read_csv(out / "set.csv")
     assert list(table.columns) == [
-        "run",
-        "gpu",
-        "model",
-        "n",
-        "cost_model",
-        "metric",
-        "unit",
-        "measured",
-        "simulated",
-        "error_pct",
-    ]
+        "run", "gpu", "model", "n", "cost_model", "metric", "unit", "measured", "simulated", "error_pct",
+        "shape", "load_frac", "saturated", "preset",
+    ]  # fmt: skip
     assert table["metric"].tolist() == ["ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tps", "duration_s"]
     assert table["measured"].tolist() == [550, 15.0, 900, 21.0, 2.0]
     assert np.allclose(
         table["error_pct"], 100 * (table["simulated"] - table["measured"]) / table["measured"], rtol=1e-4
     )
+    assert set(table["shape"]) == {"burst"} and set(table["preset"]) == {"vllm-0.6"}
+    # A burst of 3 on a batch of 1024 is far from saturating it.
+    assert (table["load_frac"] < 0.9).all() and not table["saturated"].any()
     assert "| A100-80GB-SXM | Meta-Llama-3-8B-Instruct | 3 |" in (out / "set.md").read_text()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_server_columns_in_the_summary_override_the_folder_defaults(tmp_path: Path) -> None:
+    folder = _tiny_set(tmp_path / "set")
+    text = (folder / "summary.csv").read_text().splitlines()
+    (folder / "summary.csv").write_text(f"{text[0]},max_num_seqs,engine_version\n{text[1]},64,0.6.3\n")
+    run = load_validation_set(folder)[0]
+    with replay_scenario(run) as scenario:
+        policy = scenario.policies[0]
+    assert policy.max_batch_size == 64 and policy.preset == "vllm-0.6"
+    assert policy.num_scheduler_steps == 10  # not in the file: the folder's documented default
 
 
 # --------------------------------------------------------------------------- the replay of the real runs
@@ -275,13 +283,15 @@ def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
 
 
 @needs_shared
-def test_report_writes_the_validation_tables(reported) -> None:
+def test_report_writes_a_table_for_every_validation_folder(reported) -> None:
     results, messages = reported
-    for suffix in ("md", "csv"):
-        assert (results / "validation" / f"vllm-0.6.0-burst.{suffix}").is_file()
-    assert any("vllm-0.6.0-burst.md" in m for m in messages)
+    for folder in sorted(p for p in SHARED_SET.parent.iterdir() if p.is_dir()):
+        for suffix in ("md", "csv"):
+            assert (results / "validation" / f"{folder.name}.{suffix}").is_file()
+        assert any(f"{folder.name}.md" in m for m in messages)
     table = pd.read_csv(results / "validation" / "vllm-0.6.0-burst.csv")
-    assert sorted(table["n"].unique()) == [80, 160, 320, 640]
+    assert sorted(table["n"].unique()) == sorted({run.num_requests for run in SHARED_RUNS})
+    assert len(table) == 5 * len(SHARED_RUNS)
 
 
 def test_report_says_it_skipped_without_the_real_runs(tmp_path: Path) -> None:
@@ -291,15 +301,28 @@ def test_report_says_it_skipped_without_the_real_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+# The accuracy of the fitted model (front end, CPU time, cost model) on each A100 burst. Runs below
+# N = 80 miss today: the fitted start-up (260 ms) and parse-the-whole-burst front end explain
+# N = 80..640 only (issue 26); strict, so that a model that fixes them fails here until the mark goes.
+FRONT_END_GAP = pytest.mark.xfail(strict=True, reason="issue 26: front end below N=80")
+A100_RUNS = [
+    pytest.param(run, id=run.name, marks=[FRONT_END_GAP] if run.num_requests < 80 else [])
+    for run in SHARED_RUNS
+    if run.summary["gpu"].startswith("A100")
+]
+
+
+@pytest.mark.parametrize("run", A100_RUNS)
 @needs_shared
-def test_a100_runs_within_ten_percent_on_every_metric(reported) -> None:
+def test_fitted_model_reproduces_each_a100_burst_within_ten_percent(reported, run) -> None:
     table = pd.read_csv(reported[0] / "validation" / "vllm-0.6.0-burst.csv")
-    a100 = table[table["gpu"].str.startswith("A100")]
-    assert len(a100) == 3 * 5
-    worst = a100.loc[a100["error_pct"].abs().idxmax()]
+    rows = table[table["run"] == run.name]
+    assert len(rows) == 5
+    worst = rows.loc[rows["error_pct"].abs().idxmax()]
     assert abs(worst["error_pct"]) <= 10.0, f"{worst['run']} {worst['metric']}: {worst['error_pct']:+.1f}%"
 
 
-def test_docs_table_is_the_committed_results_table() -> None:
-    results_md = REPO_ROOT / "results" / "validation" / "vllm-0.6.0-burst.md"
-    assert refresh_docs(results_md, DOCS_FILE, check=True), "run: python -m sim.validation.docs"
+@pytest.mark.parametrize("block", DOCS_BLOCKS)
+def test_docs_tables_are_the_committed_results_tables(block: str) -> None:
+    results_md = REPO_ROOT / "results" / "validation" / f"{DOCS_BLOCKS[block]}.md"
+    assert refresh_docs(results_md, DOCS_FILE, block=block, check=True), "run: python -m sim.validation.docs"

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.calibration import fit_checks, fitting, gpu_calibrate, holdout, roofline_fit
+from sim.calibration import attention_kernels, fit_checks, fitting, gpu_calibrate, holdout, roofline_fit
 from sim.calibration.profiles import ATTENTION_FILE, CPU_FILE, ProfileSet, all_reduce_file, licence, mlp_file
 from sim.errors import UserError
 from sim.hardware import scaling
 from sim.hardware.calibration_files import GPU_DIRS, LICENCE
-from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model
+from sim.hardware.catalog import GPUS, ModelSpec, check_tensor_parallel, get_gpu, get_model, layer_shapes
 
 PROFILED_GPU = "a100-80gb"
 ALL_REDUCE_GPUS = (2, 4, 8, 16)
@@ -168,6 +168,12 @@ def _transferred_attention_section(profiles: ProfileSet, model: ModelSpec, tp: i
         f"{ratios['models']} models): x{ratios['bandwidth']:.3g} on bandwidth terms "
         f"(1 token), x{ratios['flops']:.3g} on FLOP terms (4096 tokens)"
     )
+    if "prefill" in ratios:
+        note += (
+            f"; prefill instead x{ratios['prefill']:.3g} on every term: the published speed of "
+            f"{profiles.gpu}'s own attention kernel over the A100 profile at 512-4096 tokens "
+            f"({attention_kernels.SOURCES[profiles.gpu]})"
+        )
     return {"note": note, "decode": _sig_dict(dec), "prefill": _sig_dict(pre)}
 
 
@@ -233,13 +239,15 @@ def committed_configs(profiles: ProfileSet, gpu: str) -> tuple[list[tuple[str, i
     """The (model, TP) calibrations committed for ``gpu`` and why others are skipped.
 
     The A100 keeps its fixed list (:data:`COMMITTED`); another profiled GPU gets every
-    profiled (model, TP) whose weights leave room for a KV cache in its memory.
+    profiled (model, TP) whose weights leave room for a KV cache in its memory. Either way a
+    pair whose layer shapes an earlier kept pair already has at that TP is skipped: the model
+    prices itself with that calibration (:mod:`sim.hardware.same_shape`), never a second one.
 
     Returns:
-        ((model, TP) pairs, one "skipped ..." line per profiled pair that does not fit).
+        ((model, TP) pairs, one "skipped ..." line per pair left out and why).
     """
     if gpu == PROFILED_GPU:
-        return list(COMMITTED), []
+        return _one_per_shape(list(COMMITTED), gpu)
     gpu_profiles = ProfileSet(profiles.root, gpu)
     kept, skipped = [], []
     for model in gpu_profiles.profiled_models():
@@ -250,6 +258,23 @@ def committed_configs(profiles: ProfileSet, gpu: str) -> tuple[list[tuple[str, i
                 skipped.append(f"skipped {model} TP{tp} on {gpu}: {problem}")
             else:
                 kept.append((model, int(tp)))
+    unique, duplicates = _one_per_shape(kept, gpu)
+    return unique, skipped + duplicates
+
+
+def _one_per_shape(pairs: list[tuple[str, int]], gpu: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """``pairs`` without any whose (layer shapes, TP) an earlier pair has, and a line per dropped pair."""
+    first: dict[tuple, str] = {}
+    kept, skipped = [], []
+    for model, tp in pairs:
+        key = (layer_shapes(get_model(model)), tp)
+        if key in first:
+            skipped.append(
+                f"skipped {model} TP{tp} on {gpu}: same layer shapes as {first[key]}, whose calibration it uses"
+            )
+            continue
+        first[key] = model
+        kept.append((model, tp))
     return kept, skipped
 
 

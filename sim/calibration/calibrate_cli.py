@@ -9,7 +9,11 @@ On H100 (``h100-sxm``) and A40 (``a40``), ``--all`` fits every profiled (model, 
 weights fit the GPU's memory and prints a line for each one skipped.
 
 ``--report`` prints the held-out fit errors and saves Markdown + PNG fit reports (and,
-with ``--all``, the leave-one-model-out transfer report) into ``--report-dir``.
+with ``--all``, the leave-one-model-out transfer report, ``same_shape.md`` (the models that use a
+same-shape model's calibration, found from the catalog's layer shapes) and, when the H100 is
+fitted, ``h100_prefill.md`` (TP1 prefill against its profiles)) into ``--report-dir``.
+A model with a same-shape model's calibration on that (GPU, TP) is not calibrated a second time
+(``--out`` writes one elsewhere).
 """
 
 from __future__ import annotations
@@ -84,10 +88,33 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise UserError("give --model (or --all to regenerate every committed calibration)", field="model")
     gpu = args.gpu or PROFILED_GPU
+    if not args.out:
+        _refuse_duplicate(args.model, gpu, args.tp)
     out = Path(args.out) if args.out else CALIBRATION_DIR / calibration_filename(args.model, gpu, args.tp)
     _check_out_file(out)
     _calibrate_one(profiles, args.model, gpu, args.tp, out, args)
     return 0
+
+
+def _refuse_duplicate(model: str, gpu: str, tp: int) -> None:
+    """Refuse to commit a second calibration of layer shapes already calibrated on (GPU, TP).
+
+    Raises:
+        UserError: ``model`` prices itself with a same-shape model's committed file there.
+    """
+    from sim.hardware.catalog import get_gpu, get_model
+    from sim.hardware.same_shape import twin_for
+
+    spec = get_model(model)
+    get_gpu(gpu)
+    twin = twin_for(spec, gpu, tp)
+    if twin is not None:
+        raise UserError(
+            f"'{model}' has the layer shapes of {twin}, whose calibration "
+            f"{calibration_filename(twin, gpu, tp)} it uses (same-shape); a second one would duplicate it: "
+            "give --out to write it elsewhere",
+            field="model",
+        )
 
 
 def _check_out_file(out: Path) -> None:
@@ -110,10 +137,13 @@ def _calibrate_one(profiles: ProfileSet, model: str, gpu: str, tp: int, out: Pat
 def _report_one(profiles: ProfileSet, model: str, gpu: str, tp: int, args: argparse.Namespace) -> None:
     from sim.calibration import fit_report  # matplotlib: only when a report is asked for
     from sim.calibration.profiles import ProfileSet
+    from sim.calibration.same_shape_report import pair_lines
 
     text, md, png = fit_report.calibration_report(ProfileSet(profiles.root, gpu), model, tp, args.report_dir)
     print(text)
     print(f"saved {md} and {png}")
+    for line in pair_lines(involving=model):
+        print(line)
 
 
 def _fit_gpu(profiles: ProfileSet, gpu: str) -> list[tuple[Path, dict, tuple[str, int] | None]]:
@@ -159,4 +189,14 @@ def _run_all(profiles: ProfileSet, args: argparse.Namespace) -> int:
         text, md, png = fit_report.transfer_report(ProfileSet(profiles.root, gpu), args.report_dir)
         print(text)
         print(f"saved {md} and {png}")
+    from sim.calibration.prefill_report import GPU as PREFILL_GPU
+    from sim.calibration.prefill_report import prefill_report
+    from sim.calibration.same_shape_report import same_shape_report
+
+    reports = [same_shape_report(profiles, args.report_dir)]
+    if PREFILL_GPU in gpus:
+        reports.append(prefill_report(profiles, args.report_dir))
+    for text, md in reports:
+        print(text)
+        print(f"saved {md}")
     return 0

@@ -7,7 +7,9 @@ attention and engine CPU time only on A100-80GB. So a calibration of those GPUs 
 * attention: the A100 fit scaled to the model's geometry and to this GPU by *measured*
   time ratios (:func:`measured_time_ratios`): the GEMMs of the models profiled on both
   GPUs at 1 token (weight reads: bandwidth-bound) and at the largest token count
-  (FLOP-bound), not the datasheet ratio;
+  (FLOP-bound), not the datasheet ratio; prefill on the H100 by its own attention kernel's
+  published speed instead (:mod:`sim.calibration.attention_kernels`: FlashAttention-3 gains far
+  more over the A100 profile than GEMMs do);
 * all-reduce: H100: its DGX (NVSwitch) NCCL profile; A40: no profile and no NVLink, so a
   ring all-reduce roofline over PCIe (:func:`pcie_all_reduce_section`);
 * CPU overhead: the A100 host's profile, reused (an H100 host is usually faster, so
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.calibration import attention_kernels
 from sim.calibration.profiles import ProfileSet
 from sim.errors import UserError
 from sim.hardware.catalog import ModelSpec, get_gpu
@@ -47,7 +50,10 @@ def measured_time_ratios(gpu_profiles: ProfileSet, a100_profiles: ProfileSet) ->
         ``bandwidth``: ratio at 1 token (weight reads dominate), ``flops``: ratio at the
         largest profiled token count (4096, FLOPs dominate), ``models``: how many models.
         Both multiply A100 times, as the datasheet ratios of
-        :func:`sim.calibration.scaling.attention_scales` do.
+        :func:`sim.calibration.scaling.attention_scales` do. Where the GPU's attention kernel has a
+        published benchmark (:mod:`sim.calibration.attention_kernels`) also ``prefill``, the prefill
+        kernel's own time ratio (every prefill term takes it instead of the GEMM ratios), and
+        ``prefill_spread``, its range over the sequence lengths it is taken at.
     """
     small, large = [], []
     for model in gpu_profiles.profiled_models():
@@ -55,11 +61,16 @@ def measured_time_ratios(gpu_profiles: ProfileSet, a100_profiles: ProfileSet) ->
         a_small, a_large = _gemm_ms(a100_profiles, model)
         small.append(g_small / a_small)
         large.append(g_large / a_large)
-    return {
+    ratios: dict = {
         "bandwidth": float(np.median(small)),
         "flops": float(np.median(large)),
         "models": len(small),
     }
+    prefill = attention_kernels.prefill_time_ratio(gpu_profiles.gpu, a100_profiles)
+    if prefill is not None:  # the GPU's own attention kernel, published: it replaces the GEMM ratio in prefill
+        ratios["prefill"] = prefill["ratio"]
+        ratios["prefill_spread"] = prefill["spread"]
+    return ratios
 
 
 def pcie_all_reduce_section(gpu: str, tp: int) -> dict | None:

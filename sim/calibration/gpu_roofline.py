@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import calibrate, fit_checks, gpu_calibrate, roofline_fit
+from sim.calibration import attention_kernels, calibrate, fit_checks, gpu_calibrate, roofline_fit
 from sim.calibration.profiles import ProfileSet
 from sim.hardware.catalog import get_gpu
 from sim.hardware.curves import error_summary
@@ -62,7 +62,14 @@ def fit_gpu_roofline_file(root: str | Path, gpu: str) -> dict:
         "attention_reference": a100_roof["attention_reference"],
         "attention_ratios": {
             "note": "measured time multipliers of this GPU vs A100 (TP1 linear-op GEMMs, median "
-            "over models): bandwidth at 1 token, flops at 4096 tokens",
+            "over models): bandwidth at 1 token, flops at 4096 tokens"
+            + (
+                f"; prefill: every attention-prefill term, the published speed of this GPU's attention "
+                f"kernel over the A100 profile at 512-4096 tokens, median (range: prefill_spread), "
+                f"{attention_kernels.SOURCES[gpu]}"
+                if gpu in attention_kernels.SOURCES
+                else ""
+            ),
             **{
                 k: (round(v, 5) if isinstance(v, float) else v)
                 for k, v in gpu_calibrate.measured_time_ratios(profiles, a100).items()

@@ -89,6 +89,28 @@ class TraceArrival(StrictModel):
         description="Mooncake traces: keep only the first this many tokens of each prompt (and their leading "
         "hash ids), to fit a shorter context window (default: no clipping).",
     )
+    concurrency: Int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REQUESTS,
+        description="Replay the trace's requests as a closed loop of this many clients instead of at their "
+        "arrival times: the rows are sent in trace order, never more than this many in flight, each client "
+        "sending the next row when its request ends (GuideLLM's synchronous mode is 1, its concurrent mode C). "
+        "The trace then needs no arrival column (default: open loop at the trace's times).",
+    )
+    think_time_s: Float = Field(
+        0.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="With concurrency: mean think time between a response and the client's next request "
+        "(exponential; 0 = none).",
+    )
+
+    @model_validator(mode="after")
+    def _think_needs_clients(self) -> TraceArrival:
+        if self.think_time_s > 0 and self.concurrency is None:
+            raise ValueError("think_time_s needs concurrency (only closed-loop clients think)")
+        return self
 
 
 class SchedulePhase(StrictModel):
@@ -293,5 +315,3 @@ class Workload(StrictModel):
                 if getattr(self, name) is None:
                     raise ValueError(f"{name} is required for arrival kind '{self.arrival.kind}'")
         return self
-
-

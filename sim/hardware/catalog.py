@@ -11,7 +11,7 @@ GiB), which is what vLLM's ``gpu_memory_utilization`` multiplies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from sim.errors import UserError, did_you_mean
 
@@ -184,6 +184,24 @@ class ModelSpec:
     def kv_heads_per_gpu(self, tensor_parallel: int) -> int:
         """KV heads each rank holds; replicated (one per rank) when TP exceeds them."""
         return max(1, self.num_kv_heads // tensor_parallel)
+
+
+NON_LAYER_FIELDS = frozenset({"name", "hf_name", "vocab_size", "max_positions", "tied_embeddings", "explicit_head_dim"})
+"""ModelSpec fields that no per-layer kernel sees: the names, the vocabulary (the embedding gather and the
+LM head, priced apart), the longest context (and with it RoPE scaling, which only rewrites the cos/sin table
+built once at load), whether the LM head reuses the embedding matrix (the same GEMM either way), and
+``explicit_head_dim`` (compared as the resulting :attr:`ModelSpec.head_dim` instead)."""
+
+
+def layer_shapes(model: ModelSpec) -> tuple[tuple[str, object], ...]:
+    """What every transformer-layer kernel of ``model`` sees: layers, heads, widths, MLP and attention kind.
+
+    Two models with equal layer shapes run the same per-layer GEMMs, norms, activations and attention on
+    the same matrix sizes, so one's measured kernel times are the other's. Every ModelSpec field counts
+    except :data:`NON_LAYER_FIELDS`, so a field added later counts until it is shown not to matter.
+    """
+    kept = tuple((f.name, getattr(model, f.name)) for f in fields(model) if f.name not in NON_LAYER_FIELDS)
+    return (*kept, ("head_dim", model.head_dim))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from sim.hardware.calibration_files import (
 from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.moe import check_expert_parallel
+from sim.hardware.same_shape import load_same_shape
 from sim.hardware.transfer import label_for, roofline_calibration
 
 COMPONENTS = (
@@ -333,7 +334,8 @@ def load_cost_model(
 ) -> CostModel:
     """The cost model of ``model`` on ``tensor_parallel`` x ``gpu``.
 
-    A committed calibration of (model, GPU, TP) gives label "calibrated"; A100-80GB
+    A committed calibration of (model, GPU, TP) gives label "calibrated"; one of a model with the same
+    layer shapes gives "same-shape (<that model>)" (:mod:`sim.hardware.same_shape`); A100-80GB
     without one gives the roofline with A100-fitted efficiencies ("transferred"); H100
     and A40 the roofline with efficiencies fitted on their own linear-op profiles
     ("transferred (h100 profiles)", "transferred (a40 profiles)"); any other GPU the A100
@@ -356,6 +358,10 @@ def load_cost_model(
         data = read_yaml(path)
         source = f"{path.name} ({data.get('source', LICENCE)})"
         return _build(data, spec, "calibrated", source, (cpu_overhead, gpu_spec, all_reduce), path)
+    borrowed = load_same_shape(spec, gpu, tensor_parallel)  # a calibrated model with these layer shapes
+    if borrowed is not None:
+        data, label, source, twin_path = borrowed
+        return _build(data, spec, label, source, (cpu_overhead, gpu_spec, all_reduce), twin_path)
     own_roof = CALIBRATION_DIR / roofline_file_name(gpu)
     if own_roof.is_file():  # a profiled GPU: efficiencies fitted on its own linear ops
         roof = read_yaml(own_roof)

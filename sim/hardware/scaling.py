@@ -70,7 +70,13 @@ def scale_attention(
 def scaled_attention(
     reference: dict, model: ModelSpec, tp: int, ratios: dict
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """The A100 reference attention fit at this geometry, times the measured ratios."""
+    """The A100 reference attention fit at this geometry, times the measured ratios.
+
+    ``ratios`` holds GEMM time ratios (``bandwidth``, ``flops``) and, where this GPU's attention kernel has
+    a published speed, ``prefill``: the prefill kernel's own time ratio, which then scales the whole
+    prefill form (the published/profiled time ratio is flat over 512-4096 tokens, so the A100 form's shape
+    carries over; :mod:`sim.calibration.attention_kernels`).
+    """
     a100 = get_gpu(REFERENCE_GPU)
     dec, pre = scale_attention(reference["decode"], reference["prefill"], model, tp, a100)
     bw, fl = ratios["bandwidth"], ratios["flops"]
@@ -79,6 +85,8 @@ def scaled_attention(
         "per_seq_ms": dec["per_seq_ms"] * bw,
         "per_kv_token_ms": dec["per_kv_token_ms"] * bw,
     }
+    if "prefill" in ratios:
+        return dec, {term: value * ratios["prefill"] for term, value in pre.items()}
     pre = {
         "launch_ms": pre["launch_ms"],
         "per_token_ms": pre["per_token_ms"] * bw,

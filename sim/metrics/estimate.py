@@ -103,7 +103,7 @@ def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
     stream = resolved.stream
     if not len(stream):
         return 0.0
-    batch = min(_full_batch(resolved, policy), _load_batch(resolved))
+    batch = min(full_batch(resolved, policy), _load_batch(resolved))
     outputs = stream.output_tokens
     if not POLICIES[policy.kind].holds_slots:
         return float(outputs.sum()) / batch
@@ -111,8 +111,8 @@ def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
     return float(np.maximum.reduceat(outputs, np.arange(0, len(outputs), size)).sum())
 
 
-def _full_batch(resolved: ResolvedScenario, policy: Any) -> float:
-    """Most sequences one replica can batch: max_batch_size, or what its KV cache holds."""
+def full_batch(resolved: ResolvedScenario, policy: Any) -> float:
+    """Most sequences one replica can batch: max_batch_size, or what its KV cache holds (mean request)."""
     stream = resolved.stream
     reserve = POLICIES[policy.kind].memory == "reserve"  # prompt + max output reserved at admission
     per_request = stream.prompt_tokens.mean() + (stream.max_output_tokens if reserve else stream.output_tokens.mean())

@@ -42,6 +42,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "num_gpus", "goodput_per_gpu", "prefill_gpu_busy_frac", "decode_gpu_busy_frac",
     "kv_transfer_p50_s", "kv_transfer_p99_s",
     "prefix_hit_rate", "cached_prompt_tokens", "prefill_tokens_computed", "replica_busy_imbalance",
+    "load_frac",
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -152,6 +153,8 @@ def summarize_run(
     row["goodput_per_gpu"] = row["goodput_rps"] / num_gpus  # DistServe's per-GPU goodput at this load
     row |= dict.fromkeys(DISAGGREGATION_COLUMNS, math.nan)  # filled by sim.disaggregation for its row
     row |= prefix_stats(requests, iterations)
+    # Offered load / capacity needs a capacity replay (a simulation): sim.runner fills it in.
+    row["load_frac"] = math.nan
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 
@@ -183,9 +186,7 @@ def _frontend_p50(requests: pd.DataFrame, post_warmup: np.ndarray) -> float:
     return percentile(_finite(requests["frontend_s"].to_numpy()[post_warmup]), 50)
 
 
-def summarize(
-    runs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], **same_kwargs: Any
-) -> pd.DataFrame:
+def summarize(runs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], **same_kwargs: Any) -> pd.DataFrame:
     """One summary row per policy run, in the mapping's order.
 
     Args:
@@ -220,9 +221,7 @@ def run_window_s(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[floa
     return start_s, _nanmax(pd.Series(ends, dtype=float))
 
 
-def _counts(
-    requests: pd.DataFrame, iterations: pd.DataFrame, completed: np.ndarray, workers: int
-) -> dict[str, int]:
+def _counts(requests: pd.DataFrame, iterations: pd.DataFrame, completed: np.ndarray, workers: int) -> dict[str, int]:
     status = requests["status"]
     return {
         "requests": len(requests),

@@ -1,4 +1,4 @@
-"""Reading a validation folder: ``summary.csv`` plus one per-request CSV per real run.
+"""Reading a burst folder: ``summary.csv`` plus one per-request CSV per real run.
 
 The format (``../shared/validation/vllm-0.6.0-burst/README.md``): ``summary.csv`` has one
 row per run with the hardware (``gpu``, ``num_gpus``, ``tensor_parallel``), the model
@@ -7,7 +7,9 @@ reported (``duration``, ``output_throughput``, ``median_ttft_ms_nonzero``,
 ``median_tpot_ms``, ``median_latency_ms``, ...), and ``requests_file``, the run's CSV of
 ``request_idx, input_len, output_len, ttft_s, e2e_s, status``. Everything is checked
 before anything is simulated; every problem is one :class:`~sim.errors.UserError` naming
-the file, line and column.
+the file, line and column. The server of each run: its columns where ``summary.csv`` has
+them (``engine_version``, ``max_num_seqs``, ... as :data:`sim.validation.server.COLUMN_NAMES`
+lists), else :data:`BURST_DEFAULTS`, what the folder's README documents.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pandas as pd
 
 from sim.errors import MissingDataError, UserError, shown
 from sim.io.csv_reader import number_column, read_csv, require_columns, where
+from sim.validation.server import ServerFlags, read_server_flags
 from sim.workload.traces import token_column
 
 SUMMARY_FILE = "summary.csv"
@@ -32,6 +35,13 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 """Columns of ``summary.csv`` the replay needs (others, e.g. the source, are kept if present)."""
 REQUEST_COLUMNS: tuple[str, ...] = ("request_idx", "input_len", "output_len", "ttft_s", "status")
 """Columns of a run's request CSV the replay needs (``e2e_s`` may be present and empty)."""
+BURST_DEFAULTS: dict[str, Any] = {
+    "engine_version": "0.6.0", "max_num_seqs": 1024, "max_num_batched_tokens": 2048,
+    "gpu_memory_utilization": 0.95, "prefix_caching": False, "chunked_prefill": False, "num_scheduler_steps": 10,
+}  # fmt: skip
+"""The server of ``vllm-0.6.0-burst`` (its README, "Server and client"): vLLM 0.6.0 with
+--num-scheduler-steps 10, --max-num-seqs 1024, --gpu-memory-utilization 0.95, chunked prefill and
+prefix caching off, max_num_batched_tokens 2048 (the default without chunked prefill)."""
 _INT_FIELDS = ("num_gpus", "tensor_parallel", "max_model_len", "num_prompts", "completed", "total_output_tokens")
 _FLOAT_FIELDS = ("duration", "output_throughput", "median_ttft_ms_nonzero", "median_tpot_ms", "median_latency_ms")
 
@@ -45,11 +55,13 @@ class RealRun:
         summary: its ``summary.csv`` row (ints and floats parsed; other cells as text).
         requests: ``request_idx, input_len, output_len, ttft_s`` (ints; TTFT in seconds,
             0 for an empty output), one row per request in index order.
+        flags: the measured server.
     """
 
     name: str
     summary: dict[str, Any]
     requests: pd.DataFrame
+    flags: ServerFlags
 
     @property
     def num_requests(self) -> int:
@@ -58,7 +70,7 @@ class RealRun:
 
 
 def load_validation_set(folder: str | Path) -> list[RealRun]:
-    """Every run of a validation folder, in ``summary.csv`` order, checked.
+    """Every run of a burst folder, in ``summary.csv`` order, checked.
 
     Raises:
         MissingDataError: the folder or its ``summary.csv`` does not exist.
@@ -92,6 +104,7 @@ def _load_run(
     folder: Path, summary_path: Path, frame: pd.DataFrame, numbers: dict[str, np.ndarray], row: int
 ) -> RealRun:
     summary = _summary_row(frame, numbers, row)
+    flags = read_server_flags(frame, row, summary_path, BURST_DEFAULTS)
     path = folder / str(summary["requests_file"])
     if not path.is_file():
         raise UserError(
@@ -99,7 +112,7 @@ def _load_run(
         )
     requests = _requests(path)
     _check_consistent(requests, summary, path)
-    return RealRun(path.stem, summary, requests)
+    return RealRun(path.stem, summary, requests, flags)
 
 
 def _summary_row(frame: pd.DataFrame, numbers: dict[str, np.ndarray], row: int) -> dict[str, Any]:

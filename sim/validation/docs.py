@@ -1,8 +1,9 @@
-"""Refresh the generated table of docs/validation.md from results/validation/.
+"""Refresh the generated tables of docs/validation.md from results/validation/.
 
-The block between ``<!-- BEGIN validation -->`` and ``<!-- END validation -->`` is the
-table of ``results/validation/vllm-0.6.0-burst.md`` (which ``python -m sim report``
-regenerates). ``--check`` exits 1 when the docs are stale, writing nothing.
+Each block ``<!-- BEGIN <name> -->`` ... ``<!-- END <name> -->`` of
+:data:`~sim.validation.report.DOCS_BLOCKS` holds the tables of one
+``results/validation/<folder>.md`` (which ``python -m sim report`` regenerates).
+``--check`` exits 1 when the docs are stale, writing nothing.
 
     python -m sim.validation.docs [--check]
 """
@@ -11,18 +12,22 @@ from __future__ import annotations
 
 import sys
 
-from sim.validation.report import DEFAULT_SET, DOCS_FILE, REPO_ROOT, refresh_docs
+from sim.validation.report import DOCS_BLOCKS, DOCS_FILE, REPO_ROOT, refresh_docs
 
-RESULTS_MD = REPO_ROOT / "results" / "validation" / f"{DEFAULT_SET}.md"
+RESULTS = REPO_ROOT / "results" / "validation"
 
 
 def main(argv: list[str]) -> int:
-    """Refresh (or with ``--check`` only compare) the docs block; exit code 1 when it was stale."""
+    """Refresh (or with ``--check`` only compare) the docs blocks; exit code 1 when one was stale."""
     check = "--check" in argv
-    current = refresh_docs(RESULTS_MD, DOCS_FILE, check=check)
-    if not current:
-        print(f"{DOCS_FILE.name} {'is stale' if check else 'updated'} from {RESULTS_MD.relative_to(REPO_ROOT)}")
-    return 1 if check and not current else 0
+    stale = [
+        block
+        for block, folder in DOCS_BLOCKS.items()
+        if not refresh_docs(RESULTS / f"{folder}.md", DOCS_FILE, block=block, check=check)
+    ]
+    for block in stale:
+        print(f"{DOCS_FILE.name}: block {block} {'is stale' if check else 'updated'}")
+    return 1 if check and stale else 0
 
 
 if __name__ == "__main__":

@@ -1,21 +1,28 @@
-"""Measured vs simulated: the validation table, its Markdown, and writing it.
+"""Measured vs simulated: replay every case of a validation folder, the table, its Markdown, writing it.
 
-:func:`validate_set` replays every run of a validation folder and returns one *long*
-table, one row per run and metric, with the stable columns :data:`TABLE_COLUMNS`:
+:func:`validate_folder` replays every case (:func:`sim.validation.folder.load_cases`) and
+returns one *long* table, one row per case and metric, with the stable columns
+:data:`TABLE_COLUMNS`:
 
-``run, gpu, model, n, cost_model, metric, unit, measured, simulated, error_pct``
+``run, gpu, model, n, cost_model, metric, unit, measured, simulated, error_pct, shape, load_frac,
+saturated, preset``
 
-(``error_pct`` = 100 (simulated - measured) / measured; ``metric`` one of
-:data:`~sim.validation.metrics.METRICS`). :func:`table_markdown` renders it wide, one row
-per run, each cell ``measured / simulated (error)``; docs/validation.md embeds exactly
-that table (:func:`refresh_docs`). :func:`write_validation` writes ``<set>.csv`` and
-``<set>.md`` atomically; ``python -m sim report`` calls :func:`report_validation`.
+(``error_pct`` = 100 (simulated - measured) / measured; per-request rows, metric names with
+``_req_``, hold 0 and the statistic of the per-request residuals instead, error_pct NaN;
+``load_frac`` = the replay's offered load / the policy's simulated capacity, for a replay as a
+closed loop the client's requested rate / capacity; ``saturated`` = load_frac >= 0.9).
+:func:`report_markdown` renders one section per shape (:mod:`sim.validation.tables`);
+:func:`write_validation` writes ``<folder>.csv`` and ``<folder>.md`` atomically;
+``python -m sim report`` calls :func:`report_validation` for every folder of ``../shared/validation``.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,112 +31,97 @@ import pandas as pd
 from sim.errors import UserError
 from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
 from sim.io.safe_paths import check_target
-from sim.validation.data import RealRun, load_validation_set
-from sim.validation.metrics import METRICS
-from sim.validation.replay import catalog_names, measured_metrics, replay_run, simulated_metrics
+from sim.validation.cases import POLICY_NAME, SATURATED, Case
+from sim.validation.folder import load_cases
+from sim.validation.tables import report_markdown
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SET = "vllm-0.6.0-burst"
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "validation" / DEFAULT_SET
-"""Where ``python -m sim report`` looks for the real runs (``../shared`` next to the repository)."""
+DATA_ROOT = REPO_ROOT.parent / "shared" / "validation"
+"""Where ``python -m sim report`` looks for validation folders (``../shared`` next to the repository)."""
+DEFAULT_DATA_DIR = DATA_ROOT / DEFAULT_SET
 DOCS_FILE = REPO_ROOT / "docs" / "validation.md"
-DOCS_BLOCK = "validation"
+DOCS_BLOCKS: dict[str, str] = {"validation": DEFAULT_SET, "validation-v1": "vllm-0.11-h100"}
+"""Generated block of docs/validation.md -> the results/validation/ table it copies."""
 TABLE_COLUMNS: tuple[str, ...] = (
     "run", "gpu", "model", "n", "cost_model", "metric", "unit", "measured", "simulated", "error_pct",
+    "shape", "load_frac", "saturated", "preset",
 )  # fmt: skip
-LABELS: dict[str, tuple[str, str, str]] = {
-    "ttft_p50_ms": ("median TTFT (ms)", "ms", "{:.0f}"),
-    "tpot_p50_ms": ("median TPOT (ms)", "ms/token", "{:.1f}"),
-    "e2e_p50_ms": ("median E2E (ms)", "ms", "{:.0f}"),
-    "output_tps": ("output tok/s", "tokens/s", "{:.0f}"),
-    "duration_s": ("duration (s)", "s", "{:.2f}"),
-}
-"""Metric -> (column title, unit, number format)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one replay gave: its requests, how its GPU time was priced, its load."""
+
+    requests: pd.DataFrame
+    cost_model: str
+    load_frac: float
 
 
 # --------------------------------------------------------------------------- the table
-def validate_set(folder: str | Path, log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Replay every run of ``folder``; the long measured-vs-simulated table.
+def validate_folder(folder: str | Path, log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Replay every case of ``folder``; the long measured-vs-simulated table.
 
     Raises:
-        UserError: the folder is missing or corrupt, or a run's model or GPU has no batchsim
-            counterpart (checked for every run before the first simulation).
+        UserError: the folder is missing, corrupt or in no known shape, or a case's server has no
+            batchsim counterpart (checked for every case before the first simulation).
     """
-    return validate_runs(load_validation_set(folder), log)
+    return validate_cases(load_cases(folder), log)
 
 
-def validate_runs(runs: list[RealRun], log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """:func:`validate_set` on runs already loaded."""
-    for run in runs:
-        catalog_names(run)
+validate_set = validate_folder
+"""The former name of :func:`validate_folder` (a folder used to hold bursts only)."""
+
+
+def validate_cases(cases: list[Case], log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """:func:`validate_folder` on cases already loaded."""
+    for case in cases:
+        case.check()
     rows: list[dict[str, Any]] = []
-    for run in runs:
-        replay = replay_run(run)
-        rows += comparison_rows(run, measured_metrics(run), simulated_metrics(replay), replay.cost_model)
+    for case in cases:
+        outcome = replay_case(case)
+        rows += comparison_rows(case, outcome)
         if log:
-            log(f"replayed {run.name}: {run.num_requests} requests")
+            log(f"replayed {case.name}: {case.n} requests, load {outcome.load_frac:.2f}")
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
-def comparison_rows(
-    run: RealRun, measured: dict[str, float], simulated: dict[str, float], cost_model: str
-) -> list[dict[str, Any]]:
-    """One row per metric of :data:`TABLE_COLUMNS` for ``run``."""
-    head = {"run": run.name, "gpu": run.summary["gpu"], "model": run.summary["model_id"],
-            "n": run.num_requests, "cost_model": cost_model}
+def replay_case(case: Case) -> Outcome:
+    """Simulate one case with its server's settings (:meth:`Case.scenario_dict`)."""
+    from sim.config import Scenario
+    from sim.runner import run
+
+    with tempfile.TemporaryDirectory(prefix="batchsim-replay-") as folder:
+        scenario = Scenario(**case.scenario_dict(Path(folder)))
+        result = run(scenario)
+        load = float(result.summary["load_frac"].iloc[0])
+        if math.isnan(load) and case.requested_rps:
+            load = case.requested_rps / _capacity(scenario)
+    requests = result.requests[result.requests["policy"] == POLICY_NAME]
+    return Outcome(requests, str(result.facts["cost_model"]), load)
+
+
+def _capacity(scenario: Any) -> float:
+    from sim.resolve import resolve
+    from sim.saturation import capacity_rps
+
+    resolved = resolve(scenario)
+    return capacity_rps(resolved, resolved.scenario.policies[0])
+
+
+def comparison_rows(case: Case, outcome: Outcome) -> list[dict[str, Any]]:
+    """One row of :data:`TABLE_COLUMNS` per metric of ``case``."""
+    head = {
+        "run": case.name, "gpu": case.flags.gpu, "model": case.flags.model_id, "n": case.n,
+        "cost_model": outcome.cost_model,
+    }  # fmt: skip
+    tail = {"shape": case.shape, "load_frac": outcome.load_frac, "saturated": outcome.load_frac >= SATURATED,
+            "preset": case.preset}  # fmt: skip
     return [
-        {**head, "metric": m, "unit": LABELS[m][1], "measured": measured[m], "simulated": simulated[m],
-         "error_pct": 100.0 * (simulated[m] - measured[m]) / measured[m]}
-        for m in METRICS
-    ]
-
-
-def table_markdown(table: pd.DataFrame) -> str:
-    """The wide Markdown table: one row per run, cells ``measured / simulated (error)``."""
-    header = ["GPU", "model", "N", *(LABELS[m][0] for m in METRICS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (1 + len(METRICS))]
-    for _, rows in table.groupby("run", sort=False):
-        first = rows.iloc[0]
-        by_metric = rows.set_index("metric")
-        cells = [str(first["gpu"]), str(first["model"]).split("/")[-1], str(first["n"])]
-        cells += [_cell(m, by_metric.loc[m]) for m in METRICS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _cell(metric: str, row: pd.Series) -> str:
-    fmt = LABELS[metric][2]
-    return f"{fmt.format(row['measured'])} / {fmt.format(row['simulated'])} ({row['error_pct']:+.1f}%)"
-
-
-def report_markdown(table: pd.DataFrame, runs: list[RealRun], set_name: str) -> str:
-    """The whole ``<set>.md``: what was compared, the table, the sources of the measurements."""
-    lines = [
-        f"# Real runs vs batchsim: {set_name}",
-        "",
-        "Each cell: measured (vLLM's benchmark_serving) / simulated (batchsim replay) (error). Medians as "
-        "benchmark_serving computes them: TTFT over requests with text, TPOT over requests with > 1 output "
-        "token, E2E over all; output tok/s = client output tokens / duration. Method: docs/validation.md; "
-        "regenerate with `python -m sim validate-real DIR` or `python -m sim report`.",
-        "",
-        table_markdown(table),
-        "",
-    ]
-    lines += [_largest_errors(table), ""]
-    lines += ["Cost model (GPU time) per run: " + "; ".join(
-        f"{run}: {cm}" for run, cm in table.groupby("run", sort=False)["cost_model"].first().items()) + ".", ""]
-    lines += ["Measurements (not copied here; read from the validation folder):", ""]
-    lines += [f"- {r.name}: {r.summary.get('source_repo', '?')}, `{r.summary.get('source_path', '?')}` at "
-              f"{str(r.summary.get('source_commit', '?'))[:7]}" for r in runs]
-    return "\n".join(lines) + "\n"
-
-
-def _largest_errors(table: pd.DataFrame) -> str:
-    parts = []
-    for gpu, rows in table.groupby("gpu", sort=False):
-        worst = rows.loc[rows["error_pct"].abs().idxmax()]
-        parts.append(f"{gpu} {worst['error_pct']:+.1f}% ({LABELS[worst['metric']][0]}, {worst['run']})")
-    return "Largest error per GPU: " + "; ".join(parts) + "."
+        {**head, "metric": r.metric, "unit": r.unit, "measured": r.measured, "simulated": r.simulated,
+         "error_pct": r.error_pct, **tail}
+        for r in case.compare(outcome.requests)
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- writing
@@ -149,39 +141,55 @@ def run_validation(folder: Path, out_dir: Path, log: Callable[[str], None] | Non
     set_name = folder.resolve().name
     for suffix in (".csv", ".md"):  # both targets, before the replay: a bad --out must not cost one
         check_target(Path(out_dir) / f"{set_name}{suffix}", field="out")
-    runs = load_validation_set(folder)
-    table = validate_runs(runs, log=log)
-    write_validation(table, report_markdown(table, runs, set_name), out_dir, set_name)
+    cases = load_cases(folder)
+    table = validate_cases(cases, log=log)
+    write_validation(table, report_markdown(table, cases, set_name), out_dir, set_name)
     return table
 
 
 def report_validation(out_dir: Path, log: Callable[[str], None] = print, data_dir: Path | None = None) -> None:
-    """``python -m sim report``: write ``out_dir/validation/<set>.{md,csv}``, or say why not."""
-    data_dir = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
-    if not (data_dir / "summary.csv").is_file():
-        log(f"skipped validation: real runs not found at {data_dir} (../shared next to the repository)")
+    """``python -m sim report``: ``out_dir/validation/<folder>.{md,csv}`` for every folder of ``data_dir``
+    (default ``../shared/validation``), or say why not."""
+    root = Path(data_dir) if data_dir is not None else DATA_ROOT
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not folders:
+        log(f"skipped validation: no validation folders at {root} (../shared next to the repository)")
         return
-    run_validation(data_dir, out_dir / "validation")
-    log(f"wrote {out_dir / 'validation' / data_dir.name}.md")
+    for folder in folders:
+        run_validation(folder, out_dir / "validation")
+        log(f"wrote {out_dir / 'validation' / folder.name}.md")
 
 
 # --------------------------------------------------------------------------- docs
-def render_docs(text: str, table_md: str) -> str:
-    """``text`` with its ``<!-- BEGIN validation -->`` block replaced by ``table_md``."""
-    pattern = re.compile(rf"(<!-- BEGIN {DOCS_BLOCK} -->\n)(?:.*?\n)?(<!-- END {DOCS_BLOCK} -->)", re.S)
+def tables_only(markdown: str) -> str:
+    """The Markdown tables of ``markdown``, one blank line between two tables."""
+    blocks, current = [], []
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append("\n".join(current))
+            current = []
+    if current:
+        blocks.append("\n".join(current))
+    return "\n\n".join(blocks)
+
+
+def render_docs(text: str, table_md: str, block: str = "validation") -> str:
+    """``text`` with its ``<!-- BEGIN block -->`` block replaced by ``table_md``."""
+    pattern = re.compile(rf"(<!-- BEGIN {re.escape(block)} -->\n)(?:.*?\n)?(<!-- END {re.escape(block)} -->)", re.S)
     if not pattern.search(text):
-        raise UserError(f"no '<!-- BEGIN {DOCS_BLOCK} -->' ... '<!-- END {DOCS_BLOCK} -->' block")
+        raise UserError(f"no '<!-- BEGIN {block} -->' ... '<!-- END {block} -->' block")
     return pattern.sub(lambda m: m.group(1) + table_md + "\n" + m.group(2), text)
 
 
-def refresh_docs(results_md: Path, docs: Path = DOCS_FILE, *, check: bool = False) -> bool:
-    """Copy the table of ``results_md`` into the docs block; True if the docs were already current.
+def refresh_docs(results_md: Path, docs: Path = DOCS_FILE, *, block: str = "validation", check: bool = False) -> bool:
+    """Copy the tables of ``results_md`` into the docs block; True if the docs were already current.
 
     With ``check`` nothing is written (``python -m sim.validation.docs --check``).
     """
-    table_md = "\n".join(line for line in results_md.read_text().splitlines() if line.startswith("|"))
     current = docs.read_text()
-    fresh = render_docs(current, table_md)
+    fresh = render_docs(current, tables_only(results_md.read_text()), block)
     if fresh != current and not check:
         with atomic_file(docs) as tmp:
             tmp.write_text(fresh)

@@ -16,7 +16,8 @@ Python loop), one table entry per kind in :data:`ARRIVAL_KINDS`:
   ``Lambda(t)``, which is piecewise linear. Phases with rate 0 get no arrivals.
 
 Closed-loop clients have no send times up front; :func:`closed_loop_clients` draws
-their think times. Trace replay lives in :mod:`sim.workload.source`.
+their think times (for ``closed_loop`` and for a trace replayed with ``concurrency``).
+Trace replay lives in :mod:`sim.workload.source`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sim.config import (
     GammaArrival,
     PoissonArrival,
     ScheduleArrival,
+    TraceArrival,
 )
 from sim.workload.stream import ClosedLoop
 
@@ -53,21 +55,25 @@ def sample_arrivals(config: Arrival, n: int, rng: np.random.Generator) -> np.nda
     return ARRIVAL_KINDS[config.kind](config, n, rng)
 
 
-def closed_loop_clients(config: ClosedLoopArrival, n: int, rng: np.random.Generator) -> ClosedLoop:
+def closed_loop_clients(config: ClosedLoopArrival | TraceArrival, n: int, rng: np.random.Generator) -> ClosedLoop:
     """Closed-loop clients with one think time per request index.
 
     Think times are exponential with mean ``config.think_time_s`` (all zero when it is 0).
 
     Args:
-        config: the closed-loop arrival config.
+        config: the closed-loop arrival config, or a trace arrival with ``concurrency`` (its rows
+            replayed by that many clients, in trace order).
         n: number of requests.
         rng: the ``"think_time"`` stream.
     """
+    clients = config.concurrency if isinstance(config, TraceArrival) else config.clients
+    if clients is None:
+        raise ValueError("a trace arrival without concurrency is open loop")
     if config.think_time_s > 0:
         think_s = rng.exponential(config.think_time_s, size=n)
     else:
         think_s = np.zeros(n)
-    return ClosedLoop(clients=config.clients, think_time_s=think_s)
+    return ClosedLoop(clients=clients, think_time_s=think_s)
 
 
 def _poisson(config: PoissonArrival, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -10,7 +10,7 @@ the same stream because it is built once from the scenario seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -39,9 +39,7 @@ class _Replay:
     max_tokens: dict[str, int]
 
 
-def build_request_stream(
-    workload: Workload, seed: int, base_dir: str | None = None
-) -> RequestStream:
+def build_request_stream(workload: Workload, seed: int, base_dir: str | None = None) -> RequestStream:
     """The request stream of a scenario's workload.
 
     Args:
@@ -63,17 +61,13 @@ def build_request_stream(
         UserError: a trace or length file is missing or corrupt, or a trace used for
             arrivals has no arrival times.
     """
-    if isinstance(workload.arrival, TraceArrival) and workload.arrival.format == "mooncake":
-        return mooncake_stream(workload, base_dir)
     streams = RandomStreams(seed)
+    if isinstance(workload.arrival, TraceArrival) and workload.arrival.format == "mooncake":
+        return _trace_clients(mooncake_stream(workload, base_dir), workload.arrival, streams)
     replay = _load_replay(workload.arrival, workload.requests, base_dir)
     n = len(replay.rows) if replay else (workload.requests or DEFAULT_REQUESTS)
-    prompt_tokens, _ = _lengths(
-        workload.prompt_tokens, "prompt_tokens", replay, n, streams, base_dir
-    )
-    output_tokens, output_bound = _lengths(
-        workload.output_tokens, "output_tokens", replay, n, streams, base_dir
-    )
+    prompt_tokens, _ = _lengths(workload.prompt_tokens, "prompt_tokens", replay, n, streams, base_dir)
+    output_tokens, output_bound = _lengths(workload.output_tokens, "output_tokens", replay, n, streams, base_dir)
     max_output_tokens = workload.max_output_tokens or output_bound
     arrival_s, closed_loop = _send_times(workload, n, replay, streams)
     order = send_permutation(workload.order, prompt_tokens)
@@ -98,10 +92,11 @@ def _load_replay(arrival: object, requests: int | None, base_dir: str | None) ->
         frame = load_trace(arrival.path, base_dir)
     except UserError as exc:
         raise type(exc)(str(exc), field="workload.arrival.path") from None
-    if ARRIVAL_COLUMN not in frame.columns:
+    if ARRIVAL_COLUMN not in frame.columns and arrival.concurrency is None:
         raise UserError(
             f"trace '{arrival.path}' has no '{ARRIVAL_COLUMN}' column (a lengths-only trace); "
-            f"use it as an empirical length distribution with another arrival kind",
+            f"use it as an empirical length distribution with another arrival kind, or replay it in order "
+            f"with arrival.concurrency",
             field="workload.arrival.path",
         )
     n = min(len(frame), arrival.limit or len(frame), requests or len(frame))
@@ -135,8 +130,18 @@ def _send_times(
     arrival = workload.arrival
     if replay is not None:
         assert isinstance(arrival, TraceArrival)
+        if arrival.concurrency is not None:
+            return np.full(n, np.nan), closed_loop_clients(arrival, n, streams.generator("think_time"))
         trace_s = replay.rows[ARRIVAL_COLUMN].to_numpy(dtype=np.float64)
         return (trace_s - trace_s[0]) * arrival.time_scale, None
     if isinstance(arrival, ClosedLoopArrival):
         return np.full(n, np.nan), closed_loop_clients(arrival, n, streams.generator("think_time"))
     return sample_arrivals(arrival, n, streams.generator("arrivals")), None
+
+
+def _trace_clients(stream: RequestStream, arrival: TraceArrival, streams: RandomStreams) -> RequestStream:
+    """``stream`` replayed by ``arrival.concurrency`` closed-loop clients in its order (unchanged without)."""
+    if arrival.concurrency is None:
+        return stream
+    loop = closed_loop_clients(arrival, len(stream), streams.generator("think_time"))
+    return replace(stream, arrival_s=np.full(len(stream), np.nan), closed_loop=loop)
