@@ -86,7 +86,7 @@ class ResolvedScenario:
             router_load_cap=scenario.router_load_cap,
             client=scenario.client,
             admission=scenario.admission,
-            frontend=scenario.frontend,
+            frontend=frontend_of(scenario, policy),
             refuse=self.over_length,
             seed=scenario.seed,
         )
@@ -129,6 +129,14 @@ class ResolvedScenario:
             "requests": len(self.stream),
             "max_output_tokens": self.stream.max_output_tokens,
         }
+
+
+def frontend_of(scenario: Scenario, policy: Any) -> Any:
+    """The API front end ``policy`` is served behind: the scenario's ``frontend`` block when it has one
+    (the user's choice for every policy), else the policy's own (its preset's server), else none."""
+    if scenario.frontend is not None:
+        return scenario.frontend
+    return getattr(policy, "frontend", None)
 
 
 def prefix_caching_on(scenario: Scenario, policy: Any) -> bool:

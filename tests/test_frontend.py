@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from budget import examples
 from fakes import LinearCost, make_stream, setup
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,7 +120,7 @@ def test_a_warm_front_end_is_the_default() -> None:
 
 
 @given(st.integers(1, 400))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(0.25))
 def test_a_burst_reaches_the_engine_after_the_loop_has_parsed_all_of_it(n: int) -> None:
     """The event loop parses the whole burst before any request is tokenized and submitted, so the
     first request reaches the engine n x per_request_ms + its tokenization + latency after the burst:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import Float, Int, StrictModel
+from sim.config.serving import FrontendConfig
 
 
 class EngineCPUConfig(StrictModel):
@@ -220,6 +221,12 @@ class PolicyConfigBase(StrictModel):
         None,
         description="CUDA-graph capture sizes this engine replays passes at (None: every pass at its own size). "
         "Set by the vllm-* presets from each version's defaults (python -m sim list presets).",
+    )
+    frontend: FrontendConfig | None = Field(
+        None,
+        description="This engine's API front end (set by the vllm-* presets for their version's server; None: "
+        "requests reach the engine when sent). The scenario's own frontend block, when given, applies to every "
+        "policy instead.",
     )
     all_reduce: AllReduceConfig = Field(
         default_factory=AllReduceConfig,
