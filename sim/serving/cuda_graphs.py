@@ -54,6 +54,7 @@ class CUDAGraphPadding:
         if not sizes or sizes[0] < 1 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
             raise ValueError(f"capture sizes must be positive and increasing, got {sizes[:8]!r}")
         self._inner = inner.time_from_totals_s
+        self._inner_breakdown = getattr(inner, "breakdown_from_totals_s", None)
         self._largest = sizes[-1]
         # One lookup per pass on the engine's hot path: the padded size of every count up to the largest.
         self._pad_to = [padded_size(n, sizes) for n in range(self._largest + 1)]
@@ -73,6 +74,28 @@ class CUDAGraphPadding:
         if 0 < tokens <= self._largest and (self._pad_mixed or num_prefill_seqs == 0):
             num_decode_seqs += self._pad_to[tokens] - tokens
         return self._inner(num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens)
+
+    def breakdown_from_totals_s(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> dict[str, float]:
+        """The inner model's breakdown of the padded pass (pipeline stages split a pass by it).
+
+        Raises:
+            TypeError: the inner cost model gives no breakdown.
+        """
+        if self._inner_breakdown is None:
+            raise TypeError("the padded cost model gives no breakdown_from_totals_s")
+        tokens = num_prefill_tokens + num_decode_seqs
+        if 0 < tokens <= self._largest and (self._pad_mixed or num_prefill_seqs == 0):
+            num_decode_seqs += self._pad_to[tokens] - tokens
+        return self._inner_breakdown(
+            num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens
+        )
 
 
 def with_cuda_graphs(cost_model: CostModelLike, cuda_graphs: Any) -> CostModelLike:
