@@ -39,6 +39,21 @@ class LinearCost:
         tokens = num_prefill_tokens + num_decode_seqs
         return self.base_s + self.per_token_s * tokens + self.per_kv_token_s * decode_kv_tokens
 
+    def breakdown_from_totals_s(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> dict[str, float]:
+        """The same time as two cost-model terms: per-layer linear work and decode attention."""
+        tokens = num_prefill_tokens + num_decode_seqs
+        return {
+            "linear": self.base_s + self.per_token_s * tokens,
+            "attention_decode": self.per_kv_token_s * decode_kv_tokens,
+        }
+
     def prefill_alone_s(self, prompt_tokens: int) -> float:
         """Time of a pass that only prefills one prompt: a floor on any first token."""
         return self.time_from_totals_s(prompt_tokens, 1, prompt_tokens * prompt_tokens / 2, 0, 0)
