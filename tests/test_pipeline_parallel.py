@@ -237,3 +237,27 @@ def test_speculative_decoding_with_pipeline_stages_is_refused_in_one_line() -> N
             "method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5}}])  # fmt: skip
     message = str(err.value)
     assert "speculative" in message and "pipeline_parallel" in message and "\n" not in message
+
+
+def test_each_stage_is_its_own_trace_track_with_bubbles_between_micro_batches() -> None:
+    from sim.report.series import timeline
+    from sim.report.trace_events import trace_events
+    from sim.runner import run
+
+    result = run(_pp_scenario())
+    document = trace_events(result.requests, result.iterations)
+    names = {e["args"]["name"] for e in document["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"replica 0, stage 0", "replica 0, stage 1"}
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    gaps = []
+    for track in (0, 1):
+        on_track = sorted((e["ts"], e["dur"]) for e in slices if e["tid"] == track)
+        assert len(on_track) == len(slices) / 2
+        ends = np.array([ts + dur for ts, dur in on_track[:-1]])
+        starts = np.array([ts for ts, _ in on_track[1:]])
+        assert np.all(starts >= ends - 1e-6)  # a stage runs one micro-batch at a time
+        gaps.append(starts - ends)
+    assert all((gap > 0).any() for gap in gaps)  # bubbles
+    assert {e["args"]["virtual_engine"] for e in slices} == {0, 1}
+    busy = timeline(result.iterations, replicas=result.replicas_per_policy).series["sarathi"]["busy"]
+    assert busy.max() <= 1 + 1e-9 and busy.mean() < 1
