@@ -39,6 +39,16 @@ class LinearCost:
         tokens = num_prefill_tokens + num_decode_seqs
         return self.base_s + self.per_token_s * tokens + self.per_kv_token_s * decode_kv_tokens
 
+    def prefill_alone_s(self, prompt_tokens: int) -> float:
+        """Time of a pass that only prefills one prompt: a floor on any first token."""
+        return self.time_from_totals_s(prompt_tokens, 1, prompt_tokens * prompt_tokens / 2, 0, 0)
+
+
+class LayeredLinearCost(LinearCost):
+    """A :class:`LinearCost` that also breaks a pass down, as pipeline stages need: all of it is per-layer
+    work (``linear``, and ``attention_decode`` for the decode KV read). Kept apart from ``LinearCost``:
+    features that use a breakdown when there is one (speculative verification) must see none there."""
+
     def breakdown_from_totals_s(
         self,
         num_prefill_tokens: int,
@@ -47,16 +57,12 @@ class LinearCost:
         num_decode_seqs: int,
         decode_kv_tokens: int,
     ) -> dict[str, float]:
-        """The same time as two cost-model terms: per-layer linear work and decode attention."""
+        """The same time as two cost-model terms."""
         tokens = num_prefill_tokens + num_decode_seqs
         return {
             "linear": self.base_s + self.per_token_s * tokens,
             "attention_decode": self.per_kv_token_s * decode_kv_tokens,
         }
-
-    def prefill_alone_s(self, prompt_tokens: int) -> float:
-        """Time of a pass that only prefills one prompt: a floor on any first token."""
-        return self.time_from_totals_s(prompt_tokens, 1, prompt_tokens * prompt_tokens / 2, 0, 0)
 
 
 def llama7b_like() -> LinearCost:

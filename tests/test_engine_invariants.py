@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from budget import examples
-from fakes import LinearCost, make_stream, setup
+from fakes import LayeredLinearCost, make_stream, setup
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +33,7 @@ from sim.serving.engine import Engine
 from sim.serving.pipeline import PipelineSetup
 from sim.workload.stream import ClosedLoop
 
-COST = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
+COST = LayeredLinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
 EPS = 1e-9
 
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from fakes import LinearCost, make_stream, setup
+from fakes import LayeredLinearCost, make_stream, setup
 
 from sim.config import ContinuousPolicyConfig, PagedPolicyConfig, Scenario
 from sim.errors import UserError
@@ -153,8 +153,8 @@ def test_many_micro_batches_run_at_the_slowest_stage_rate(layers: tuple[int, ...
     stages = len(layers)
     pipe = PipelineSetup.of(layers, Hop(hop_s, 0.0))
     stream = make_stream(np.zeros(8 * stages), 16, 400)
-    out = Engine(stream, ContinuousPolicyConfig(name="c", max_batch_size=8),
-                 setup(LinearCost(base_s=pass_s), kv_blocks=4096, block_size=16, pipeline=pipe)).run()  # fmt: skip
+    engine_setup = setup(LayeredLinearCost(base_s=pass_s), kv_blocks=4096, block_size=16, pipeline=pipe)
+    out = Engine(stream, ContinuousPolicyConfig(name="c", max_batch_size=8), engine_setup).run()
     first = model_passes(out.iterations)
     steady = first[(first["start_s"] > 1.0) & (first["start_s"] < 6.0)]  # every engine busy decoding
     measured = (len(steady) - 1) / (steady["start_s"].iloc[-1] - steady["start_s"].iloc[0])
@@ -173,7 +173,7 @@ def test_a_new_request_goes_to_the_virtual_engine_with_fewest_unfinished() -> No
     engine = Engine(
         stream,
         ContinuousPolicyConfig(name="c", max_batch_size=8),
-        setup(LinearCost(), kv_blocks=64, block_size=16, pipeline=pipe),
+        setup(LayeredLinearCost(), kv_blocks=64, block_size=16, pipeline=pipe),
     )
     front = engine.replicas[0]
     assert isinstance(front, PipelineReplica) and len(front.engines) == 3
@@ -188,7 +188,7 @@ def test_multi_step_blocks_go_through_the_stages_pass_by_pass() -> None:
     pipe = PipelineSetup.of((1, 1), Hop(1e-4, 0.0))
     stream = make_stream(np.linspace(0, 0.2, 10), 30, 25)
     policy = PagedPolicyConfig(name="p", max_batch_size=4, num_scheduler_steps=4)
-    engine = Engine(stream, policy, setup(LinearCost(0.01, 1e-4), kv_blocks=200, block_size=16, pipeline=pipe),
+    engine = Engine(stream, policy, setup(LayeredLinearCost(0.01, 1e-4), kv_blocks=200, block_size=16, pipeline=pipe),
                     audit_every=1)  # fmt: skip
     out = engine.run()
     assert (out.requests["status"] == "completed").all()

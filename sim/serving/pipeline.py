@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from sim.serving.cuda_graphs import pass_breakdown
 from sim.serving.state import CostTotals, ReplicaState
 
 LAYERED_COMPONENTS = ("linear", "attention_prefill", "attention_decode", "all_reduce")
@@ -41,15 +42,6 @@ class ActivationLink(Protocol):
     def seconds(self, tokens: int) -> float:
         """Seconds to hand ``tokens`` tokens' activations on."""
         ...
-
-
-class BreakdownModel(Protocol):
-    """A cost model that also says what each term of a pass costs (``CostModel`` implements it)."""
-
-    def breakdown_from_totals_s(
-        self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_attn_work: float, num_decode_seqs: int,
-        decode_kv_tokens: int,
-    ) -> dict[str, float]: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -147,7 +139,7 @@ class Stages:
     Args:
         env: the SimPy environment.
         setup: the stages' layer shares and the hand-off between them.
-        cost_model: gives each pass's breakdown (``breakdown_from_totals_s``).
+        cost_model: gives each pass's breakdown (:func:`~sim.serving.cuda_graphs.pass_breakdown`).
         record: writes one iteration row per stage pass.
         replica: the replica's index (the rows' ``replica``).
     """
@@ -155,10 +147,11 @@ class Stages:
     def __init__(
         self, env: simpy.Environment, setup: PipelineSetup, cost_model: Any, record: StageRecorder, replica: int
     ) -> None:
-        if not callable(getattr(cost_model, "breakdown_from_totals_s", None)):
+        breakdown = pass_breakdown(cost_model)
+        if breakdown is None:
             raise TypeError(f"pipeline stages need a cost model with a breakdown, got {type(cost_model).__name__}")
         self._env, self._setup, self._record, self._replica = env, setup, record, replica
-        self._breakdown = cost_model.breakdown_from_totals_s
+        self._breakdown = breakdown
         self._resources = [simpy.Resource(env, capacity=1) for _ in range(setup.stages)]
 
     def for_engine(self, virtual_engine: int) -> Callable[..., Generator[simpy.Event, Any, None]]:
