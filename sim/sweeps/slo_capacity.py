@@ -392,10 +392,7 @@ class _Runs:
 
 def _drive(spec: CapacitySpec, runs: _Runs, engine: Any, bar: Any) -> dict[Lane, SearchOutcome]:
     """Advance every lane's search in lock-step; a round runs the rates asked for in parallel."""
-    searches = {
-        lane: search_rate(spec.start_rps, spec.tolerance, spec.rate_low, spec.rate_high)
-        for lane in spec.lanes
-    }
+    searches = {lane: search_rate(spec.start_rps, spec.tolerance, spec.rate_low, spec.rate_high) for lane in spec.lanes}
     wanted = {lane: next(search) for lane, search in searches.items()}
     outcomes: dict[Lane, SearchOutcome] = {}
     while wanted:
