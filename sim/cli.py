@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.io.outputs import deployment_text
 
         facts = result.facts
-        where = deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)
+        where = deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas, scenario.pipeline_parallel)
         print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {where}, "
               f"cost model {facts['cost_model']}, simulated in {result.runtime_s:.1f}s")
         print(summary_text(result.summary))

@@ -20,8 +20,10 @@ from sim.hardware.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.hardware.cost_model import CostModel, load_cost_model
 from sim.hardware.draft import DraftModel, draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget
+from sim.hardware.pipeline import ActivationTransfer, check_pipeline_parallel, stage_layers
 from sim.hardware.utilization import PassWork
 from sim.policies.table import POLICIES
+from sim.serving.pipeline import PipelineSetup
 from sim.serving.setup import EngineSetup, ReplicaSetup
 from sim.workload.source import build_request_stream
 from sim.workload.stream import RequestStream
@@ -74,7 +76,17 @@ class ResolvedScenario:
             draft_cost_model=self.draft_cost_models.get(policy.name),
             merge_decode_steps=scenario.engine.merge_decode_steps,
             cuda_graphs=getattr(policy, "cuda_graphs", None),
+            pipeline=self.pipeline,
         )
+
+    @property
+    def pipeline(self) -> PipelineSetup | None:
+        """The replicas' pipeline stages: layers per stage and the activation hand-off (None: one stage)."""
+        stages = self.scenario.pipeline_parallel
+        if stages == 1:
+            return None
+        layers = stage_layers(self.model.num_layers, stages)
+        return PipelineSetup.of(layers, ActivationTransfer.of(self.model, self.gpu))
 
     def engine_setup(self, policy: Any) -> EngineSetup:
         """Everything :func:`sim.serving.engine.simulate` needs beyond the stream and the policy."""
@@ -107,12 +119,17 @@ class ResolvedScenario:
     @property
     def pass_work(self) -> PassWork:
         """FLOPs and HBM bytes per forward pass of this model on one replica (MFU and MBU)."""
-        return PassWork.of(self.model, self.gpu, self.scenario.tensor_parallel)
+        return PassWork.of(self.model, self.gpu, self.scenario.tensor_parallel, stages=self.scenario.pipeline_parallel)
 
     @property
     def num_gpus(self) -> int:
-        """GPUs used by the whole deployment (replicas x tensor parallel)."""
-        return self.scenario.replicas * self.scenario.tensor_parallel
+        """GPUs used by the whole deployment (replicas x pipeline stages x tensor parallel)."""
+        return self.scenario.replicas * self.scenario.pipeline_parallel * self.scenario.tensor_parallel
+
+    @property
+    def workers(self) -> int:
+        """GPU workers the summary averages busy time over: one per replica and pipeline stage."""
+        return self.scenario.replicas * self.scenario.pipeline_parallel
 
     def facts(self) -> dict[str, Any]:
         """Derived values recorded next to the resolved scenario in the output folder."""
@@ -128,6 +145,16 @@ class ResolvedScenario:
             "num_gpus": self.num_gpus,
             "requests": len(self.stream),
             "max_output_tokens": self.stream.max_output_tokens,
+        } | self._pipeline_facts()
+
+    def _pipeline_facts(self) -> dict[str, Any]:
+        """Stage layers and each virtual engine's KV blocks (nothing without pipeline stages)."""
+        stages = self.scenario.pipeline_parallel
+        if stages == 1:
+            return {}
+        return {
+            "pipeline_stage_layers": list(stage_layers(self.model.num_layers, stages)),
+            "kv_blocks_per_virtual_engine": self.kv.num_blocks // stages,
         }
 
 
@@ -157,6 +184,7 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     """
     model = get_model(scenario.model)
     gpu = get_gpu(scenario.gpu)
+    check_pipeline_parallel(model, scenario.pipeline_parallel)
     kv = _kv_budget(scenario, model, gpu, scenario.memory.gpu_memory_utilization)
     for policy in scenario.policies:  # a policy's own memory share must fit the model too
         share = getattr(policy, "gpu_memory_utilization", None)
@@ -213,6 +241,7 @@ def _kv_budget(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, utilization: 
         block_size=memory.block_size,
         activation_reserve_gb=memory.activation_reserve_gb,
         kv_blocks=memory.kv_blocks,
+        pipeline_parallel=scenario.pipeline_parallel,
     )
 
 

@@ -90,7 +90,8 @@ def check_servable(resolved: ResolvedScenario, policies: Sequence[Any]) -> None:
         if isinstance(policy, DisaggregationConfig):
             continue
         kv = resolved.kv_for(policy)
-        check_policies_fit(resolved.stream, [policy], kv.num_blocks, kv.block_size, resolved.over_length)
+        blocks = kv.num_blocks // resolved.scenario.pipeline_parallel  # each virtual engine's share
+        check_policies_fit(resolved.stream, [policy], blocks, kv.block_size, resolved.over_length)
 
 
 def run(
@@ -215,7 +216,7 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         warmup_s=scenario.metrics.warmup_s,
         slo=scenario.slo,
         gpu_hour_usd=scenario.gpu_hour_usd,
-        replicas=scenario.replicas,
+        replicas=resolved.workers,
         itl=out.itl,
         work=resolved.pass_work,
     )
@@ -228,12 +229,13 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
     def price(tokens: np.ndarray, pieces: np.ndarray, _replicas: np.ndarray) -> np.ndarray:
         return cost.all_reduce_s(tokens, pieces)  # every replica runs the same cost model
 
+    shares = resolved.pipeline.layer_shares if resolved.pipeline is not None else None
     if summary_only:  # empty copies: a zero-row view would keep the full arrays alive
         empty = resolved.pass_work.add_columns(out.iterations.iloc[:0].copy())
-        return _Kept(row, out.requests.iloc[:0].copy(), with_all_reduce_column(empty, price), 0, benchmark)
+        return _Kept(row, out.requests.iloc[:0].copy(), with_all_reduce_column(empty, price, shares), 0, benchmark)
     iterations, every = sample_every_kth(out.iterations, metrics.max_iteration_rows)
     # Per-pass MFU, MBU and all-reduce time only on the kept rows: the summary took its figures from all passes.
-    kept = with_all_reduce_column(resolved.pass_work.add_columns(iterations), price)
+    kept = with_all_reduce_column(resolved.pass_work.add_columns(iterations), price, shares)
     return _Kept(row, out.requests, kept, every, benchmark)
 
 

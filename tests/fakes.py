@@ -44,6 +44,27 @@ class LinearCost:
         return self.time_from_totals_s(prompt_tokens, 1, prompt_tokens * prompt_tokens / 2, 0, 0)
 
 
+class LayeredLinearCost(LinearCost):
+    """A :class:`LinearCost` that also breaks a pass down, as pipeline stages need: all of it is per-layer
+    work (``linear``, and ``attention_decode`` for the decode KV read). Kept apart from ``LinearCost``:
+    features that use a breakdown when there is one (speculative verification) must see none there."""
+
+    def breakdown_from_totals_s(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> dict[str, float]:
+        """The same time as two cost-model terms."""
+        tokens = num_prefill_tokens + num_decode_seqs
+        return {
+            "linear": self.base_s + self.per_token_s * tokens,
+            "attention_decode": self.per_kv_token_s * decode_kv_tokens,
+        }
+
+
 def llama7b_like() -> LinearCost:
     """Magnitude of Llama-2-7B on one A100: ~12 ms per pass + 0.1 ms per token computed."""
     return LinearCost(base_s=0.012, per_token_s=1e-4)

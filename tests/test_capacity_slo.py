@@ -236,3 +236,35 @@ def test_static_capacity_on_the_engine_is_explained_when_the_bound_is_below_one_
     assert row["rate_rps"] > 0 and row["gpu_busy_frac"] < 0.1
     assert row["note"].startswith(f"met only with the GPU {row['gpu_busy_frac']:.1%} busy")
     assert row["e2e_p99_s"] > 1.0 and "a static batch admits no request" in row["note"]
+
+
+# ------------------------------------------------------------------ a grid of deployments
+def deployment_point(scenario: Scenario, policies: list[str] | None = None) -> pd.DataFrame:
+    """threshold_point with capacity scaled by the deployment: x tensor_parallel x 1.5^(pipeline stages - 1)."""
+    frame = threshold_point(scenario, policies)
+    scale = scenario.tensor_parallel * 1.5 ** (scenario.pipeline_parallel - 1)
+    frame["ttft_p99_s"] = frame["ttft_p99_s"] / scale
+    return frame
+
+
+def test_a_grid_of_deployments_is_searched_point_by_point(base: Scenario) -> None:
+    """One row per point x policy, parameter columns first, each point at its own capacity; a point whose
+    model does not fit its GPUs (Llama-2-70B on one A100-80GB) is reported as such, without runs."""
+    grid = {"pipeline_parallel": [1, 2], "tensor_parallel": [1, 2]}
+    scenario = base.replace(model="llama-2-70b")
+    report = find_capacity(scenario, {"ttft_p99_s": 1.0}, point_fn=deployment_point, params=grid, tolerance=0.001)
+    assert list(report.columns[:3]) == ["pipeline_parallel", "tensor_parallel", "policy"]
+    points = list(zip(report["pipeline_parallel"], report["tensor_parallel"], strict=True))
+    assert points == [(1, 1)] * 3 + [(1, 2)] * 3 + [(2, 1)] * 3 + [(2, 2)] * 3
+    unservable = report[(report["pipeline_parallel"] == 1) & (report["tensor_parallel"] == 1)]
+    assert unservable["rate_rps"].isna().all() and (unservable["runs"] == 0).all()
+    assert unservable["note"].str.startswith("not servable: tensor_parallel: llama-2-70b does not fit").all()
+    batch = {p["name"]: p["max_batch_size"] for p in TINY["policies"]}
+    for _, row in report.drop(unservable.index).iterrows():
+        expected = batch[row["policy"]] / 2 * row["tensor_parallel"] * 1.5 ** (row["pipeline_parallel"] - 1)
+        assert expected / 1.001 <= row["rate_rps"] <= expected, row.to_dict()
+
+
+def test_a_grid_may_not_set_the_searched_rate(base: Scenario) -> None:
+    with pytest.raises(UserError, match="varies it itself"):
+        find_capacity(base, {"ttft_p99_s": 1.0}, point_fn=threshold_point, params={"workload.arrival.rate": [1, 2]})

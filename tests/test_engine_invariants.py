@@ -4,7 +4,8 @@ Every request ends exactly once; completed ones generated exactly their output t
 KV never exceeds the budget; a replica's passes never overlap or go back in time; no
 first token comes before arrival + the request's own prefill time; token totals of the
 iteration rows add up to the requests' lengths. Also with multi-step scheduling (paged,
-1..12 steps) and the engine CPU-time model.
+1..12 steps), the engine CPU-time model and pipeline stages (2 or 3 virtual engines per replica,
+one iteration row per stage pass).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from budget import examples
-from fakes import LinearCost, make_stream, setup
+from fakes import LayeredLinearCost, make_stream, setup
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -27,11 +28,20 @@ from sim.config import (
     PagedPolicyConfig,
     StaticPolicyConfig,
 )
+from sim.metrics.summary import model_passes
 from sim.serving.engine import Engine
+from sim.serving.pipeline import PipelineSetup
 from sim.workload.stream import ClosedLoop
 
-COST = LinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
+COST = LayeredLinearCost(base_s=0.01, per_token_s=2e-4, per_kv_token_s=1e-6)
 EPS = 1e-9
+
+
+class Hop:
+    """Activations handed between pipeline stages: 0.1 ms plus 1 µs per token."""
+
+    def seconds(self, tokens: int) -> float:
+        return 1e-4 + 1e-6 * tokens
 
 
 def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1, allocate: str = "chunk"):
@@ -69,7 +79,10 @@ def runs(draw):
         need = int(np.max(-(-(prompt + output - 1) // block_size)))
     else:
         need = -(-stream.max_request_tokens // block_size)
-    kv_blocks = need + draw(st.one_of(st.just(0), st.integers(0, 2 * need)))
+    # Pipeline stages: each virtual engine has 1/P of the blocks, so each gets what one replica would.
+    stages = draw(st.sampled_from([1, 1, 2, 3]))
+    kv_blocks = stages * (need + draw(st.one_of(st.just(0), st.integers(0, 2 * need))))
+    layers = tuple(draw(st.lists(st.integers(1, 4), min_size=stages, max_size=stages)))
     client = None
     if draw(st.booleans()):
         client = ClientConfig(
@@ -88,6 +101,7 @@ def runs(draw):
         refuse=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))) if draw(st.booleans()) else None,
         engine_cpu=_engine_cpu(draw) if draw(st.booleans()) else None,
         frontend=_frontend(draw) if draw(st.booleans()) else None,
+        pipeline=PipelineSetup.of(layers, Hop()) if stages > 1 else None,
     )
     return stream, policy, kwargs
 
@@ -129,6 +143,8 @@ def test_every_request_ends_once_and_the_books_balance(case):
         event(f"{policy.kind} preempted")
     if getattr(policy, "num_scheduler_steps", 1) > 1:
         event("multi-step")
+    if kwargs["pipeline"] is not None:
+        event("pipeline stages")
     _check_itl(out.itl, req, engine.records.generated_tokens, getattr(policy, "num_scheduler_steps", 1))
 
 
@@ -173,11 +189,13 @@ def _check_times(stream, req) -> None:
 
 
 def _check_iterations(it: pd.DataFrame, policy, kwargs) -> None:
+    stages = 1 if kwargs["pipeline"] is None else kwargs["pipeline"].stages
     assert np.all(it["kv_blocks_used"] <= it["kv_blocks_total"]) and np.all(
-        it["kv_blocks_total"] == kwargs["kv_blocks"]
+        it["kv_blocks_total"] == kwargs["kv_blocks"] // stages
     )
     assert np.all(it["duration_s"] > 0) and np.all(it["batch_size"] >= 1)
-    for _, rows in it.groupby("replica"):
+    workers = ["replica", "stage"] if stages > 1 else "replica"  # a worker: a replica, or one stage of it
+    for _, rows in it.groupby(workers):
         ends = (rows["start_s"] + rows["duration_s"]).to_numpy()
         assert np.all(
             rows["start_s"].to_numpy()[1:] >= ends[:-1]
@@ -195,6 +213,7 @@ def _check_token_totals(stream, req, it, policy) -> None:
     all_done = bool((req["status"] == "completed").all())
     # Static padding, and multi-step blocks charging requests that finished inside them.
     padded = (policy.kind == "static" and policy.pad_finished) or getattr(policy, "num_scheduler_steps", 1) > 1
+    it = model_passes(it)  # one row per pass (under pipeline stages, each stage has a row)
     prefill, decode = int(it["prefill_tokens"].sum()), int(it["decode_tokens"].sum())
     if all_done and req["preemptions"].sum() == 0:
         assert prefill == int(stream.prompt_tokens.sum())

@@ -2,7 +2,8 @@
 
 The features: the policy kind (static, continuous, paged, chunked_prefill), prefix caching,
 speculative decoding, multi-step scheduling, a disaggregated deployment, an API front end,
-closed-loop clients and a mixture-of-experts model. ``REFUSED`` is the expected list, written
+closed-loop clients, a mixture-of-experts model and pipeline parallelism (two stages; it applies to
+the colocated policy, a disaggregated pool keeps one stage). ``REFUSED`` is the expected list, written
 out here (not read from :mod:`sim.config.compat`), so a refusal that silently disappears, or
 a new one, fails. A refused pair is one line naming both fields, the same from both commands,
 and nothing is written; an accepted pair completes every request with the engine auditing its
@@ -25,12 +26,15 @@ from hypothesis import strategies as st
 from sim.cli import main
 from sim.config import Scenario
 from sim.errors import UserError
+from sim.metrics.summary import model_passes
 from sim.resolve import resolve
 from sim.runner import check_servable
 from sim.serving.engine import Engine
 
 KINDS = ("static", "continuous", "paged", "chunked_prefill")
-FEATURES = ("prefix_caching", "speculation", "multi_step", "disaggregation", "frontend", "closed_loop", "moe")
+FEATURES = (
+    "prefix_caching", "speculation", "multi_step", "disaggregation", "frontend", "closed_loop", "moe", "pipeline",
+)  # fmt: skip
 
 REFUSED: dict[frozenset[str], tuple[str, ...]] = {
     frozenset({"static", "prefix_caching"}): ("prefix_caching", "static"),
@@ -41,6 +45,7 @@ REFUSED: dict[frozenset[str], tuple[str, ...]] = {
     frozenset({"chunked_prefill", "multi_step"}): ("num_scheduler_steps", "chunked_prefill"),
     frozenset({"static", "disaggregation"}): ("disaggregation.decode.policy.kind", "static"),
     frozenset({"speculation", "multi_step"}): ("speculative", "num_scheduler_steps"),
+    frozenset({"speculation", "pipeline"}): ("speculative", "pipeline_parallel"),
 }
 """Pairs refused, and what the one error line must name (both fields)."""
 
@@ -79,6 +84,8 @@ def build(kind: str, features: set[str]) -> dict[str, Any]:
         data["workload"]["arrival"] = {"kind": "closed_loop", "clients": 3}
     if "moe" in features:
         data["model"] = "qwen3-30b-a3b"
+    if "pipeline" in features:
+        data["pipeline_parallel"] = 2
     if "disaggregation" in features:  # the policy under test runs the decode pool
         prefill = {"name": "prefill", "kind": "paged", "max_batch_size": 16,
                    "prefix_caching": "prefix_caching" in features}  # fmt: skip
@@ -170,5 +177,5 @@ def test_random_combinations_conserve_requests_tokens_and_kv(case: tuple[str, se
         assert (requests["status"] == "completed").all()
         assert (requests["first_token_s"] <= requests["completion_s"]).all()
         if "speculation" not in features and not requests["preemptions"].any():
-            computed = int(out.iterations["prefill_tokens"].sum())
+            computed = int(model_passes(out.iterations)["prefill_tokens"].sum())
             assert computed == int((requests["prompt_tokens"] - requests["cached_prompt_tokens"]).sum())

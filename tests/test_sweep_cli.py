@@ -246,6 +246,9 @@ def test_capacity_prints_and_writes_the_table(
             ["--slo", "ttft_p99_s=1", "--backend", "ray", "--address", "auto", "--seeds", "x"],
             "--seeds",
         ),
+        (["--slo", "ttft_p99_s=1", "--param", "workload.arrival.rate=1,2"], "varies it itself"),
+        (["--slo", "ttft_p99_s=1", "--param", "pipeline_parallel=0,2"], "pipeline_parallel"),
+        (["--slo", "ttft_p99_s=1", "--param", "pipeline_parallel=1,2", "--split-gpus", "4"], "--split-gpus"),
     ],
 )
 def test_bad_capacity_options_exit_2(

@@ -80,14 +80,26 @@ REFUSALS: tuple[Refusal, ...] = (
 )
 """Every refused pair, each attached to one of its two fields."""
 
+PIPELINE_REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        "speculative",
+        lambda p, cls, pool: p.speculative is not None,
+        "speculative decoding cannot run with pipeline_parallel = {stages}: batchsim does not model where a "
+        "drafter runs among pipeline stages; use pipeline_parallel: 1 or drop speculative",
+    ),
+)
+"""Pairs of a colocated policy's feature with ``pipeline_parallel`` > 1 (checked only then)."""
 
-def refusal(policy: Any, pool: str | None = None) -> tuple[str, str] | None:
-    """(field, reason) of the first pair ``policy`` may not combine (in pool ``pool``), or None."""
+
+def refusal(policy: Any, pool: str | None = None, stages: int = 1) -> tuple[str, str] | None:
+    """(field, reason) of the first pair ``policy`` may not combine (in pool ``pool``, on ``stages``
+    pipeline stages), or None."""
     cls = POLICIES[policy.kind]
-    for rule in REFUSALS:
+    rules = REFUSALS + (PIPELINE_REFUSALS if stages > 1 and pool is None else ())
+    for rule in rules:
         if rule.applies(policy, cls, pool):
             reason = rule.reason.format(
-                kind=policy.kind, steps=_steps(policy), pool=pool,
+                kind=policy.kind, steps=_steps(policy), pool=pool, stages=stages,
                 paged=", ".join(kinds_with("memory", "paged")), speculating=", ".join(kinds_with("speculates", True)),
                 multi_step=", ".join(kinds_with("multi_step", True)),
                 pool_kinds=", ".join(kinds_for_pool(pool)) if pool else "",
@@ -109,8 +121,9 @@ def check_combinations(scenario: Any) -> None:
     if block is not None:
         pools = ("prefill", "decode")
         entries += [(f"disaggregation.{pool}.policy", getattr(block, pool).policy, pool) for pool in pools]
+    stages = int(getattr(scenario, "pipeline_parallel", 1))
     for path, policy, pool in entries:
-        found = refusal(policy, pool)
+        found = refusal(policy, pool, stages)
         if found is not None:
             field, reason = found
             raise ValueError(f"{path}.{field}: {reason}")

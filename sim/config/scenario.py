@@ -51,6 +51,15 @@ class Scenario(StrictModel):
     model: str = Field("llama-2-7b", description="Model name (python -m sim list models).")
     gpu: str = Field("a100-80gb", description="GPU name (python -m sim list gpus).")
     tensor_parallel: Int = Field(1, ge=1, le=1024, description="GPUs per replica (tensor-parallel degree).")
+    pipeline_parallel: Int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Pipeline stages per replica, each holding its share of the layers on tensor_parallel GPUs "
+        "(a replica spans pipeline_parallel x tensor_parallel GPUs), run as vLLM V0 runs them: one scheduler per "
+        "stage (virtual engine) with 1/P of the KV blocks, up to P micro-batches in the pipeline. Applies to the "
+        "colocated policies; a disaggregated pool has its own tensor_parallel and one stage.",
+    )
     expert_parallel: Int = Field(
         1,
         ge=1,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from sim.errors import UserError
 from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel
+from sim.hardware.pipeline import check_pipeline_parallel, stage_layers, stage_weight_bytes
 
 GIB = 1 << 30
 # CUDA context, cuBLAS workspaces and NCCL buffers live outside torch's allocator but
@@ -100,6 +101,7 @@ def kv_budget(
     block_size: int = 16,
     activation_reserve_gb: float | None = None,
     kv_blocks: int | None = None,
+    pipeline_parallel: int = 1,
 ) -> KVBudget:
     """KV-cache budget of one worker of ``model`` on ``tensor_parallel`` x ``gpu``.
 
@@ -111,6 +113,7 @@ def kv_budget(
         block_size: tokens per KV block.
         activation_reserve_gb: GiB kept free for activations (default: estimated).
         kv_blocks: pin the block count (as the real engine logged it).
+        pipeline_parallel: pipeline stages of the replica (:func:`pipeline_kv_budget`).
 
     Raises:
         UserError: bad arguments, or the weights leave no room for a single KV block
@@ -118,6 +121,11 @@ def kv_budget(
             smallest tensor-parallel degree that fits).
     """
     _check_arguments(gpu_memory_utilization, block_size, activation_reserve_gb, kv_blocks)
+    if pipeline_parallel != 1:
+        return pipeline_kv_budget(
+            model, gpu, tensor_parallel, pipeline_parallel, gpu_memory_utilization, block_size,
+            activation_reserve_gb, kv_blocks,
+        )  # fmt: skip
     per_token = kv_bytes_per_token(model, tensor_parallel)
     gpu_bytes = int(gpu.memory_gb * GIB)
     weights = -(-model.weight_bytes // tensor_parallel)
@@ -141,6 +149,56 @@ def kv_budget(
     return KVBudget(
         per_token, block_size, blocks, gpu_bytes, weights, reserve, available, kv_blocks is not None
     )
+
+
+def pipeline_kv_budget(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    utilization: float,
+    block_size: int,
+    reserve_gb: float | None,
+    kv_blocks: int | None,
+) -> KVBudget:
+    """KV budget of a replica of ``pipeline_parallel`` stages of ``tensor_parallel`` GPUs.
+
+    Each stage stores the KV of its own layers, so a block of ``block_size`` tokens takes the stage's
+    share of the per-token KV on each of its GPUs; a stage's blocks are what its memory, less its own
+    weights (:func:`~sim.hardware.pipeline.stage_weight_bytes`) and the activation reserve, holds. As
+    vLLM does (the executor takes the least ``num_gpu_blocks`` any worker reports), the replica has the
+    blocks of its tightest stage; the budget reports that stage's per-token bytes and free memory, and
+    the heaviest stage's weights.
+
+    Raises:
+        UserError: a bad degree, or a stage without room for one block (naming ``pipeline_parallel``).
+    """
+    check_tensor_parallel(model, tensor_parallel)
+    check_pipeline_parallel(model, pipeline_parallel)
+    per_layer = kv_bytes_per_token(model, tensor_parallel) // model.num_layers
+    reserve = _reserve_bytes(model, tensor_parallel, reserve_gb)
+    usable = int(gpu.memory_gb * GIB * utilization)
+    layers = stage_layers(model.num_layers, pipeline_parallel)
+    stages = []
+    for s, count in enumerate(layers):
+        weights = stage_weight_bytes(model, count, first=s == 0, last=s == len(layers) - 1)
+        weights = -(-weights // tensor_parallel)
+        available = usable - weights - reserve
+        stages.append((available // (per_layer * count * block_size), per_layer * count, available, weights, s))
+    blocks, per_token, available, _, tightest = min(stages)
+    if blocks < 1:
+        raise UserError(
+            f"{model.name} does not fit on {gpu.name} at tensor_parallel={tensor_parallel} x "
+            f"pipeline_parallel={pipeline_parallel}: stage {tightest} ({layers[tightest]} layers) leaves "
+            f"{max(available, 0) / GIB:.2f} GiB per GPU for its KV cache, less than one block of {block_size} "
+            f"tokens ({per_token * block_size / GIB:.3f} GiB); use more stages, a larger tensor_parallel or a "
+            "GPU with more memory",
+            field="pipeline_parallel",
+        )
+    heaviest = max(weights for *_, weights, _ in stages)
+    pinned = kv_blocks is not None
+    count = kv_blocks if kv_blocks is not None else blocks
+    return KVBudget(per_token, block_size, count, int(gpu.memory_gb * GIB), heaviest, reserve, available, pinned)
 
 
 def _reserve_bytes(model: ModelSpec, tensor_parallel: int, reserve_gb: float | None) -> int:

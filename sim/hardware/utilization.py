@@ -44,7 +44,7 @@ useful work; compare ``output_tps`` for that.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -72,6 +72,9 @@ class PassWork:
         kv_bytes_per_token: KV cache of one token on all ranks (kv).
         peak_flops_per_s: tp x per-GPU dense BF16 peak.
         peak_bytes_per_s: tp x per-GPU HBM bandwidth.
+        stages: pipeline stages: every iteration row is one stage's pass and is counted for an equal
+            1/stages share of its pass's FLOPs and bytes, so the rows of a pass add up to the pass
+            (one stage's own share differs by its layer count and the LM head on the last).
     """
 
     flops_per_token: float
@@ -84,13 +87,19 @@ class PassWork:
     routed_expert_bytes: float = 0.0
     top_k: int = 0
     num_experts: int = 0
+    stages: int = 1
 
     REQUIRED_COLUMNS: ClassVar[tuple[str, ...]] = ("duration_s", *_TOTALS)
     """Iteration columns read (``prefill_context_tokens`` too when present: 0 otherwise)."""
 
     @classmethod
-    def of(cls, model: ModelSpec, gpu: GPUSpec, tensor_parallel: int) -> PassWork:
-        """The coefficients of ``model`` on ``tensor_parallel`` x ``gpu``."""
+    def of(cls, model: ModelSpec, gpu: GPUSpec, tensor_parallel: int, *, stages: int = 1) -> PassWork:
+        """The coefficients of ``model`` on ``tensor_parallel`` x ``gpu``, rows of ``stages`` pipeline stages."""
+        work = cls._of(model, gpu, tensor_parallel)
+        return work if stages == 1 else replace(work, stages=stages)
+
+    @classmethod
+    def _of(cls, model: ModelSpec, gpu: GPUSpec, tensor_parallel: int) -> PassWork:
         tp = tensor_parallel
         zero_one = np.array([0.0, 1.0])  # op_work and lm_head_work are exactly linear in tokens
         # Per GPU: layers x per-layer ops + the embedding (no FLOPs, no weight read at 0 tokens).
@@ -145,25 +154,25 @@ class PassWork:
     def flops(self, iterations: pd.DataFrame) -> np.ndarray:
         """F_i of every pass (a new float array)."""
         totals = {c: iterations[c].to_numpy(dtype=float) for c in _TOTALS}
-        return self._flops(totals)
+        return self._flops(totals) / self.stages
 
     def bytes(self, iterations: pd.DataFrame) -> np.ndarray:
         """B_i of every pass (a new float array)."""
         totals = {c: iterations[c].to_numpy(dtype=float) for c in _TOTALS}
         dense = self._bytes(totals, _column(iterations, "prefill_context_tokens"), 1.0)
-        return dense + self.touched_expert_bytes(_tokens(iterations))
+        return (dense + self.touched_expert_bytes(_tokens(iterations))) / self.stages
 
     def total_flops(self, iterations: pd.DataFrame) -> float:
         """Sum of F_i over all passes, from column sums (F is linear: no per-pass array)."""
-        return float(self._flops(_sums(iterations, _TOTALS)))
+        return float(self._flops(_sums(iterations, _TOTALS))) / self.stages
 
     def total_bytes(self, iterations: pd.DataFrame) -> float:
         """Sum of B_i over all passes, from column sums (B is linear: no per-pass array)."""
         context = _sums(iterations, ("prefill_context_tokens",)).get("prefill_context_tokens", 0.0)
         dense = float(self._bytes(_sums(iterations, _TOTALS), context, float(len(iterations))))
-        if not self.routed_expert_bytes:
-            return dense
-        return dense + float(self.touched_expert_bytes(_tokens(iterations)).sum())
+        if self.routed_expert_bytes:
+            dense += float(self.touched_expert_bytes(_tokens(iterations)).sum())
+        return dense / self.stages
 
     def mfu(self, iterations: pd.DataFrame) -> np.ndarray:
         """MFU_i = F_i / (d_i x peak FLOP/s); NaN for a pass of zero duration."""

@@ -396,9 +396,11 @@ def write_tables(result: RunData, folder: Path) -> None:
     (folder / RESOLVED_YAML).write_text(resolved_yaml(result))
 
 
-def deployment_text(gpu: str, tensor_parallel: int, replicas: int) -> str:
-    """``a100-80gb, TP 2 x 3 replicas``: the GPUs a scenario runs on, as the run header says it."""
-    return f"{gpu}, TP {tensor_parallel} x {replicas} replica{'s' if replicas != 1 else ''}"
+def deployment_text(gpu: str, tensor_parallel: int, replicas: int, pipeline_parallel: int = 1) -> str:
+    """``a100-80gb, TP 2 x 3 replicas`` (``PP 2 x TP 2 x 1 replica`` with pipeline stages): the GPUs a
+    scenario runs on, as the run header says it."""
+    stages = f"PP {pipeline_parallel} x " if pipeline_parallel != 1 else ""
+    return f"{gpu}, {stages}TP {tensor_parallel} x {replicas} replica{'s' if replicas != 1 else ''}"
 
 
 def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
@@ -406,7 +408,7 @@ def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
     head = f"# {scenario.name}\n\n"
     head += (
         f"{facts['requests']} requests, seed {result.seed}, {facts['model_hf_name']} on "
-        f"{deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas)}, "
+        f"{deployment_text(scenario.gpu, scenario.tensor_parallel, scenario.replicas, scenario.pipeline_parallel)}, "
         f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
         f"{facts['cost_model']}.\n\n"
     )

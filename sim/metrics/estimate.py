@@ -99,16 +99,19 @@ def warn_if_large(resolved: ResolvedScenario, policies: Sequence[Any], *, summar
 
 
 def forward_passes(resolved: ResolvedScenario, policy: Any) -> float:
-    """Expected forward passes of one policy over the whole stream (all replicas)."""
+    """Expected iteration rows of one policy over the whole stream (all replicas): its forward passes,
+    times the stages under pipeline parallelism (each virtual engine batches like a replica of 1/P of
+    the KV cache, and each of its passes is a row per stage)."""
     stream = resolved.stream
     if not len(stream):
         return 0.0
-    batch = min(full_batch(resolved, policy), _load_batch(resolved))
+    stages = resolved.scenario.pipeline_parallel
+    batch = min(full_batch(resolved, policy) / stages, _load_batch(resolved, stages))
     outputs = stream.output_tokens
     if not POLICIES[policy.kind].holds_slots:
-        return float(outputs.sum()) / batch
+        return stages * float(outputs.sum()) / max(1.0, batch)
     size = max(1, round(batch))  # a static batch decodes until its longest output ends
-    return float(np.maximum.reduceat(outputs, np.arange(0, len(outputs), size)).sum())
+    return stages * float(np.maximum.reduceat(outputs, np.arange(0, len(outputs), size)).sum())
 
 
 def full_batch(resolved: ResolvedScenario, policy: Any) -> float:
@@ -119,9 +122,10 @@ def full_batch(resolved: ResolvedScenario, policy: Any) -> float:
     return max(1.0, min(float(policy.max_batch_size), resolved.kv.capacity_tokens / per_request))
 
 
-def _load_batch(resolved: ResolvedScenario) -> float:
-    """Mean batch the offered load sustains per replica (inf for a burst or a saturated replica)."""
-    stream, replicas = resolved.stream, resolved.scenario.replicas
+def _load_batch(resolved: ResolvedScenario, stages: int = 1) -> float:
+    """Mean batch the offered load sustains per scheduler (inf for a burst or a saturated replica): per
+    replica, or per virtual engine of its ``stages`` pipeline stages."""
+    stream, replicas = resolved.stream, resolved.scenario.replicas * stages
     if stream.closed_loop is not None:
         return max(1.0, stream.closed_loop.clients / replicas)
     span_s = float(stream.arrival_s[-1] - stream.arrival_s[0])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,10 @@ ITERATION_COLUMNS: tuple[str, ...] = (
     "kv_blocks_used", "kv_blocks_total", "prefill_attn_work", "decode_kv_tokens", "prefill_context_tokens",
 )  # fmt: skip
 """Columns of ``SimOutput.iterations``, in order."""
+
+PIPELINE_COLUMNS: tuple[str, ...] = ("stage", "virtual_engine")
+"""Appended to the iteration rows of a pipeline-parallel run: each row is one stage's pass of one virtual
+engine's micro-batch (``sim.serving.pipeline``)."""
 
 ALL_REDUCE_COLUMN = "all_reduce_s"
 """Appended to the iteration rows a result keeps (after ``mfu`` and ``mbu``): the seconds of each pass that the
@@ -134,6 +138,7 @@ _ITERATION_TYPES: tuple[tuple[str, str], ...] = (
     ("prefill_context_tokens", "i"),
 )  # fmt: skip
 """The record columns (``ITERATION_COLUMNS`` less ``kv_blocks_total``) and their ``array`` type codes."""
+_PIPELINE_TYPES: tuple[tuple[str, str], ...] = (("stage", "h"), ("virtual_engine", "h"))
 
 STAGE_ROWS = 1 << 15
 """Rows kept as Python lists before they are packed into the typed columns (:meth:`IterationRecords.flush`)."""
@@ -147,9 +152,14 @@ class IterationRecords:
     and packed into the ``array`` columns ``STAGE_ROWS`` at a time (``struct.pack``): appending
     to a list is a fraction of the cost of an ``array.append``, which parses its argument
     (about a tenth of a merged run's time); the staged rows use a few MiB.
+
+    Args:
+        pipeline: rows are stage passes of a pipeline-parallel run (:meth:`append_stage`), with the
+            ``PIPELINE_COLUMNS`` after the others.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, pipeline: bool = False) -> None:
+        self._types = _ITERATION_TYPES + (_PIPELINE_TYPES if pipeline else ())
         self._new_buffers()
 
     def _new_buffers(self) -> None:
@@ -163,12 +173,14 @@ class IterationRecords:
         self.prefill_attn_work = array("d")
         self.decode_kv_tokens = array("i")
         self.prefill_context_tokens = array("i")
-        self._staged: tuple[list, ...] = tuple([] for _ in _ITERATION_TYPES)
+        self._staged: tuple[list, ...] = tuple([] for _ in self._types)
         (
             self._replica, self._start_s, self._duration_s, self._batch_size, self._prefill_tokens,
             self._decode_tokens, self._kv_blocks_used, self._prefill_attn_work, self._decode_kv_tokens,
             self._prefill_context_tokens,
-        ) = self._staged  # fmt: skip
+        ) = self._staged[: len(_ITERATION_TYPES)]  # fmt: skip
+        for name, code in self._types[len(_ITERATION_TYPES) :]:
+            setattr(self, name, array(code))
 
     def __len__(self) -> int:
         return len(self.start_s) + len(self._start_s)
@@ -177,7 +189,7 @@ class IterationRecords:
         """Pack the staged rows into the typed columns (the ``array`` attributes hold every row after it)."""
         if not self._start_s:
             return
-        for (name, code), staged in zip(_ITERATION_TYPES, self._staged, strict=True):
+        for (name, code), staged in zip(self._types, self._staged, strict=True):
             getattr(self, name).frombytes(struct.pack(f"{len(staged)}{code}", *staged))  # the fastest packer
             staged.clear()
 
@@ -205,6 +217,13 @@ class IterationRecords:
         self._prefill_attn_work.append(prefill_attn_work)
         self._decode_kv_tokens.append(decode_kv_tokens)
         self._prefill_context_tokens.append(prefill_context_tokens)
+        if len(self._start_s) >= STAGE_ROWS:
+            self.flush()
+
+    def append_stage(self, stage: int, virtual_engine: int, *row: float) -> None:
+        """Record one stage's pass of a pipeline-parallel micro-batch: ``row`` as :meth:`append` takes it."""
+        for staged, value in zip(self._staged, (*row, stage, virtual_engine), strict=True):
+            staged.append(value)
         if len(self._start_s) >= STAGE_ROWS:
             self.flush()
 
@@ -238,25 +257,30 @@ class IterationRecords:
         replicas are reordered one column at a time (peak: the table plus one column).
         """
         self.flush()
-        columns: dict[str, array] = {name: getattr(self, name) for name, _ in _ITERATION_TYPES}
+        columns: dict[str, array] = {name: getattr(self, name) for name, _ in self._types}
         self._new_buffers()  # the views below keep the old buffers alive, nothing else does
         views = {name: np.frombuffer(buffer, dtype=buffer.typecode) for name, buffer in columns.items()}
         del columns
         views["kv_blocks_total"] = np.full(len(views["start_s"]), kv_blocks_total, dtype=np.int32)
-        data = {name: views.pop(name) for name in ITERATION_COLUMNS}  # in the published order
+        pipeline = len(self._types) > len(_ITERATION_TYPES)
+        names = ITERATION_COLUMNS + (PIPELINE_COLUMNS if pipeline else ())
+        data = {name: views.pop(name) for name in names}  # in the published order
         del views
         # Rows are appended when an iteration ends (merged passes earlier): sort by start, then
-        # replica, unless the starts strictly increase (then no order of appends can differ).
+        # replica (and stage), unless the starts strictly increase (then no order of appends can differ).
         starts = data["start_s"]
         if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():
-            order = np.lexsort((data["replica"], data["start_s"]))  # stable, like sort_values
+            keys = (data["stage"],) if pipeline else ()
+            order = np.lexsort((*keys, data["replica"], data["start_s"]))  # stable, like sort_values
             for name in data:
                 data[name] = data[name][order]  # frees that column's buffer
         return pd.DataFrame(data, copy=False)
 
 
 def with_all_reduce_column(
-    iterations: pd.DataFrame, all_reduce_s: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    iterations: pd.DataFrame,
+    all_reduce_s: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    stage_shares: Sequence[float] | None = None,
 ) -> pd.DataFrame:
     """``iterations`` with ``all_reduce_s`` appended (a shallow copy), priced from all rows' totals at once.
 
@@ -264,13 +288,18 @@ def with_all_reduce_column(
         iterations: iteration rows (``ITERATION_COLUMNS``).
         all_reduce_s: seconds of all-reduce of passes of (tokens, prefill pieces, replica), vectorised
             (:meth:`sim.hardware.cost_model.CostModel.all_reduce_s` of the replica's cost model).
+        stage_shares: per pipeline stage, its share of the layers: a stage row (``stage`` column) gets
+            that share of its pass's all-reduces (None: rows are whole passes).
     """
     out = iterations.copy(deep=False)
     decodes = iterations["decode_tokens"].to_numpy(dtype=np.int64)
     tokens = iterations["prefill_tokens"].to_numpy(dtype=np.int64) + decodes
     pieces = iterations["batch_size"].to_numpy(dtype=np.int64) - decodes  # rows = prefill pieces + decodes
     replicas = iterations["replica"].to_numpy()
-    out[ALL_REDUCE_COLUMN] = all_reduce_s(tokens, pieces, replicas) if len(iterations) else np.zeros(0)
+    seconds = all_reduce_s(tokens, pieces, replicas) if len(iterations) else np.zeros(0)
+    if stage_shares is not None and "stage" in iterations.columns:
+        seconds = seconds * np.asarray(stage_shares)[iterations["stage"].to_numpy(dtype=np.int64)]
+    out[ALL_REDUCE_COLUMN] = seconds
     return out
 
 

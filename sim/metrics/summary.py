@@ -110,13 +110,14 @@ def summarize_run(
         iterations: one row per forward pass, all of them (columns ``ITERATION_COLUMNS``).
         scenario: scenario name, copied into the row.
         policy: policy label, copied into the row.
-        num_gpus: GPUs used by the run (replicas x tensor-parallel degree), for the
+        num_gpus: GPUs used by the run (replicas x pipeline stages x tensor-parallel degree), for the
             per-GPU and per-dollar columns.
         warmup_s: requests that arrived before this time are left out of latency
             statistics and SLO attainment (they still count as requests and completions).
         slo: latency bounds; without it ``slo_attainment`` and ``goodput_rps`` are NaN.
         gpu_hour_usd: price of one GPU-hour; without it ``requests_per_usd`` is NaN.
-        replicas: GPU workers; default: distinct ``replica`` ids in ``iterations``.
+        replicas: GPU workers (replicas x pipeline stages); default: distinct ``replica`` ids in
+            ``iterations`` ((replica, stage) pairs when it has a ``stage`` column).
         itl: the run's inter-token gaps as (gap_s, count) rows (``SimOutput.itl``); without it
             the ITL columns are NaN. Every stream event counts, warm-up included.
         work: FLOPs and bytes per pass of the run's model and GPUs
@@ -168,7 +169,8 @@ def prefix_stats(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, 
         float(requests[c].to_numpy()[scheduled].sum()) if c in requests else nan
         for c in ("prompt_tokens", "cached_prompt_tokens")
     )
-    computed = float(iterations["prefill_tokens"].sum()) if "prefill_tokens" in iterations else nan
+    passes = model_passes(iterations)
+    computed = float(passes["prefill_tokens"].sum()) if "prefill_tokens" in passes else nan
     busy = iterations.groupby("replica")["duration_s"].sum() if len(iterations) else pd.Series(dtype=float)
     imbalance = float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else nan
     return {
@@ -177,6 +179,14 @@ def prefix_stats(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, 
         "prefill_tokens_computed": computed,
         "replica_busy_imbalance": imbalance,
     }
+
+
+def model_passes(iterations: pd.DataFrame) -> pd.DataFrame:
+    """One row per forward pass of the model: ``iterations`` itself, or under pipeline parallelism (a
+    ``stage`` column, one row per stage of each micro-batch) the first stage's rows."""
+    if "stage" not in iterations.columns:
+        return iterations
+    return iterations[iterations["stage"].to_numpy() == 0]
 
 
 def _frontend_p50(requests: pd.DataFrame, post_warmup: np.ndarray) -> float:
@@ -230,7 +240,7 @@ def _counts(requests: pd.DataFrame, iterations: pd.DataFrame, completed: np.ndar
         "rejected": int((status == "rejected").sum()),
         "preemptions": int(requests["preemptions"].fillna(0).sum()),
         "retries": int(requests["retries"].fillna(0).sum()),
-        "iterations": len(iterations),
+        "iterations": len(model_passes(iterations)),
         "replicas": workers,
     }
 
@@ -353,6 +363,8 @@ def slo_met(requests: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
 
 
 def _replica_count(iterations: pd.DataFrame) -> int:
+    if "stage" in iterations.columns:  # a worker per replica and pipeline stage
+        return max(1, len(iterations[["replica", "stage"]].drop_duplicates()))
     return max(1, int(iterations["replica"].nunique()))
 
 

@@ -175,9 +175,11 @@ def _legend(cdf: data.CdfSeries) -> str:
 
 
 def _facts_line(result: RunData) -> str:
-    facts = result.facts
+    facts, scenario = result.facts, result.scenario
+    stages = scenario.pipeline_parallel
+    pipeline = f" x{stages} pipeline stages" if stages != 1 else ""
     return (f"{facts.get('requests')} requests, seed {result.seed}, {facts.get('model_hf_name')} on "
-            f"{result.scenario.gpu} x{result.scenario.tensor_parallel} (replicas: {result.scenario.replicas}), "
+            f"{scenario.gpu} x{scenario.tensor_parallel}{pipeline} (replicas: {scenario.replicas}), "
             f"cost model: {facts.get('cost_model')}.")  # fmt: skip
 
 

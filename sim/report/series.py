@@ -179,8 +179,9 @@ def timeline(
         every: the sampling factor k of ``iterations``: one for all groups, or per group label
             (a run's ``facts["iterations_every"]``); each row counts as k passes.
         replicas: GPU workers to average over, for all groups or per group label (the
-            summary's ``replicas``); None: the distinct ``replica`` ids among the rows, which
-            misses a worker that ran no kept pass.
+            summary's ``replicas``); None: the distinct ``replica`` ids (with a ``stage``
+            column, (replica, stage) pairs) among the rows, which misses a worker that ran no
+            kept pass.
     """
     require(iterations, ["start_s", "duration_s", "batch_size", "kv_blocks_used", "kv_blocks_total"], "iterations")
     ends = iterations["start_s"] + iterations["duration_s"]
@@ -212,7 +213,12 @@ def per_group(value: int | Mapping[str, int], label: str, name: str) -> int:
 
 
 def _replica_count(group: pd.DataFrame) -> int:
-    return max(1, group["replica"].nunique()) if "replica" in group.columns else 1
+    """Distinct workers among the rows: replicas, or (replica, stage) pairs under pipeline parallelism."""
+    if "replica" not in group.columns:
+        return 1
+    if "stage" in group.columns:
+        return max(1, len(group[["replica", "stage"]].drop_duplicates()))
+    return max(1, group["replica"].nunique())
 
 
 def _iteration_series(group: pd.DataFrame, edges: np.ndarray, scale: float) -> dict[str, np.ndarray]:

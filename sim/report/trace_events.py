@@ -8,7 +8,10 @@ is an async slice from arrival to completion (or give-up) with nested phases ``q
 ``prefill`` (to the first token) and ``decode``; rejected requests are instant events.
 A disaggregated request has two more between prefill and decode: ``KV transfer`` (its
 ``kv_transfer_s``: link queue and transfer) and ``awaiting decode`` (the rest of its
-``kv_wait_s``: waiting for room on the decode replica and for its next pass). The records
+``kv_wait_s``: waiting for room on the decode replica and for its next pass). Under pipeline
+parallelism (a ``stage`` column) each stage of each replica is its own track ("replica 0, stage 1"),
+a slice per micro-batch it ran (its virtual engine in the arguments), so the gaps between slices are
+the pipeline's bubbles. The records
 hold both durations but not when the transfer began, so it is drawn right after the first
 token, which is when it begins whenever the decode replica has room. Counters per policy
 (on thread 0; the format keeps counters per process): requests waiting in the queue and,
@@ -70,9 +73,10 @@ def trace_events(
         pass_every, request_every = _every(len(passes), max_passes), _every(len(reqs), max_requests)
         sampling[policy] = {"passes_every": pass_every, "requests_every": request_every}
         split = (prefill_replicas or {}).get(policy)
-        events += _metadata(pid, policy, passes, split)
-        events += _pass_slices(pid, passes.iloc[::pass_every])
-        events += _kv_counters(pid, passes.iloc[::pass_every], split)
+        stages = _stages(passes)
+        events += _metadata(pid, policy, passes, split, stages)
+        events += _pass_slices(pid, passes.iloc[::pass_every], stages)
+        events += _kv_counters(pid, passes.iloc[::pass_every], split, stages)
         events += _queue_counter(pid, reqs, timeout_s, max_passes)
         events += _request_slices(pid, reqs.iloc[::request_every], timeout_s)
     return {
@@ -86,13 +90,35 @@ def _every(rows: int, cap: int) -> int:
     return max(1, math.ceil(rows / cap))
 
 
-def _metadata(pid: int, policy: str, passes: pd.DataFrame, split: int | None) -> list[Event]:
+def _stages(passes: pd.DataFrame) -> int:
+    """Pipeline stages of a policy's replicas: 1 unless its rows are stage passes (``stage`` column)."""
+    if "stage" not in passes.columns or not len(passes):
+        return 1
+    return int(passes["stage"].max()) + 1
+
+
+def _tracks(passes: pd.DataFrame, stages: int) -> np.ndarray:
+    """Each row's track: its replica, or under pipeline parallelism replica x stages + stage."""
+    replicas = passes["replica"].to_numpy().astype(int)
+    if stages == 1:
+        return replicas
+    return replicas * stages + passes["stage"].to_numpy().astype(int)
+
+
+def _metadata(pid: int, policy: str, passes: pd.DataFrame, split: int | None, stages: int = 1) -> list[Event]:
     process = policy if split is None else f"{policy} (disaggregated: prefill and decode pools)"
     meta: list[Event] = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": process}}]
-    for replica in sorted(set(passes["replica"].astype(int))):
-        name = {"name": _replica_name(replica, split)}
-        meta.append({"ph": "M", "pid": pid, "tid": replica, "name": "thread_name", "args": name})
+    for track in sorted(set(_tracks(passes, stages).tolist())):
+        name = {"name": _track_name(track, split, stages)}
+        meta.append({"ph": "M", "pid": pid, "tid": track, "name": "thread_name", "args": name})
     return meta
+
+
+def _track_name(track: int, split: int | None, stages: int) -> str:
+    """A track's name: its replica's, and its stage under pipeline parallelism ("replica 0, stage 1")."""
+    if stages == 1:
+        return _replica_name(track, split)
+    return f"{_replica_name(track // stages, split)}, stage {track % stages}"
 
 
 def _replica_name(replica: int, split: int | None) -> str:
@@ -108,25 +134,35 @@ def _pass_name(prefill_tokens: int, decode_tokens: int) -> str:
     return "prefill" if prefill_tokens else "decode"
 
 
-def _pass_slices(pid: int, passes: pd.DataFrame) -> list[Event]:
-    columns = ("replica", "start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used")
-    rows = zip(*(passes[c].to_numpy() for c in columns), strict=True)
-    return [
-        {
-            "ph": "X", "pid": pid, "tid": int(replica), "cat": "pass", "name": _pass_name(int(pre), int(dec)),
-            "ts": float(start) * _US, "dur": float(dur) * _US,
-            "args": {"batch_size": int(batch), "prefill_tokens": int(pre), "decode_tokens": int(dec),
-                     "kv_blocks_used": int(kv)},
-        }
-        for replica, start, dur, batch, pre, dec, kv in rows
-    ]  # fmt: skip
+def _pass_slices(pid: int, passes: pd.DataFrame, stages: int = 1) -> list[Event]:
+    columns = ("start_s", "duration_s", "batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used")
+    engines = passes["virtual_engine"].to_numpy() if stages > 1 else np.zeros(len(passes), dtype=int)
+    rows = zip(_tracks(passes, stages), *(passes[c].to_numpy() for c in columns), engines, strict=True)
+    events = []
+    for track, start, dur, batch, pre, dec, kv, engine in rows:
+        args = {"batch_size": int(batch), "prefill_tokens": int(pre), "decode_tokens": int(dec),
+                "kv_blocks_used": int(kv)}  # fmt: skip
+        if stages > 1:
+            args["virtual_engine"] = int(engine)
+        events.append({
+            "ph": "X", "pid": pid, "tid": int(track), "cat": "pass", "name": _pass_name(int(pre), int(dec)),
+            "ts": float(start) * _US, "dur": float(dur) * _US, "args": args,
+        })  # fmt: skip
+    return events
 
 
-def _kv_counters(pid: int, passes: pd.DataFrame, split: int | None) -> list[Event]:
+def _kv_counters(pid: int, passes: pd.DataFrame, split: int | None, stages: int = 1) -> list[Event]:
+    if stages > 1:  # each virtual engine's own blocks, sampled once per micro-batch: at its first stage
+        passes = passes[passes["stage"].to_numpy() == 0]
+        owners = [f"{_replica_name(int(r), split)}, virtual engine {int(v)}"
+                  for r, v in zip(passes["replica"], passes["virtual_engine"], strict=True)]  # fmt: skip
+    else:
+        owners = [_replica_name(int(r), split) for r in passes["replica"]]
+    tracks = _tracks(passes, stages)
     return [
-        {"ph": "C", "pid": pid, "tid": int(r), "name": f"KV blocks used ({_replica_name(int(r), split)})",
-         "ts": float(t) * _US, "args": {"blocks": int(kv)}}
-        for r, t, kv in zip(passes["replica"], passes["start_s"], passes["kv_blocks_used"], strict=True)
+        {"ph": "C", "pid": pid, "tid": int(r), "name": f"KV blocks used ({owner})", "ts": float(t) * _US,
+         "args": {"blocks": int(kv)}}
+        for r, owner, t, kv in zip(tracks, owners, passes["start_s"], passes["kv_blocks_used"], strict=True)
     ]  # fmt: skip
 
 

@@ -21,7 +21,7 @@ policy sets ``cuda_graphs`` (``sim.serving.setup.build_replicas``).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.serving.pricing import CostModelLike
@@ -53,6 +53,7 @@ class CUDAGraphPadding:
         sizes = list(capture_sizes)
         if not sizes or sizes[0] < 1 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
             raise ValueError(f"capture sizes must be positive and increasing, got {sizes[:8]!r}")
+        self.inner = inner
         self._inner = inner.time_from_totals_s
         self._largest = sizes[-1]
         # One lookup per pass on the engine's hot path: the padded size of every count up to the largest.
@@ -74,9 +75,39 @@ class CUDAGraphPadding:
             num_decode_seqs += self._pad_to[tokens] - tokens
         return self._inner(num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens)
 
+    def padded_totals(
+        self,
+        num_prefill_tokens: int,
+        num_prefill_seqs: int,
+        prefill_attn_work: float,
+        num_decode_seqs: int,
+        decode_kv_tokens: int,
+    ) -> tuple[int, int, float, int, int]:
+        """The totals the inner model prices for this pass: its dummy rows added as empty-context decodes
+        (what :meth:`time_from_totals_s` does, kept out of that hot path)."""
+        tokens = num_prefill_tokens + num_decode_seqs
+        if 0 < tokens <= self._largest and (self._pad_mixed or num_prefill_seqs == 0):
+            num_decode_seqs += self._pad_to[tokens] - tokens
+        return num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens
+
 
 def with_cuda_graphs(cost_model: CostModelLike, cuda_graphs: Any) -> CostModelLike:
     """``cost_model`` padded to the capture sizes of a policy's ``cuda_graphs`` block (None: as it is)."""
     if cuda_graphs is None:
         return cost_model
     return CUDAGraphPadding(cost_model, cuda_graphs.capture_sizes, pad_mixed=cuda_graphs.batches == "all")
+
+
+def pass_breakdown(cost_model: Any) -> Callable[..., dict[str, float]] | None:
+    """Seconds per cost-model term of a pass as ``cost_model`` prices it (None if it gives no breakdown).
+
+    A padded model's breakdown is its inner model's on the padded totals. It is not a method of
+    :class:`CUDAGraphPadding`, so that features which use a breakdown only where the cost model has one
+    (speculative verification) keep pricing a padded model as they always have.
+    """
+    if isinstance(cost_model, CUDAGraphPadding):
+        inner = pass_breakdown(cost_model.inner)
+        if inner is None:
+            return None
+        return lambda *totals: inner(*cost_model.padded_totals(*totals))
+    return getattr(cost_model, "breakdown_from_totals_s", None)

@@ -2,8 +2,10 @@
 
 ``simulate`` wires the parts for one run: per replica a replica state with its memory
 model and features (:func:`sim.serving.setup.build_replicas`) and a worker process; one
-router; the clients (arrivals, admission, retries, deadlines). Then it runs the event
-loop to exhaustion and returns the request and iteration tables. Semantics, metric
+router; the clients (arrivals, admission, retries, deadlines). A pipeline-parallel replica is
+its virtual engines, each with its own state and worker, sharing the replica's stages, behind
+one :class:`~sim.serving.pipeline.PipelineReplica` the router and clients see. Then it runs the
+event loop to exhaustion and returns the request and iteration tables. Semantics, metric
 definitions and modelling assumptions are in ``docs/engine.md``.
 """
 
@@ -22,6 +24,7 @@ from sim.metrics.records import IterationRecords, RequestRecords
 from sim.policies.base import Policy
 from sim.policies.table import make_policy
 from sim.serving.clients import Clients
+from sim.serving.pipeline import PipelineReplica, Stages
 from sim.serving.router import make_router
 from sim.serving.setup import EngineSetup, ReplicaSetup, build_replicas
 from sim.serving.worker import Worker
@@ -99,24 +102,28 @@ class Engine:
     ) -> None:
         replica = setup.replica
         self.policy: Policy = make_policy(policy)
-        check_requests_fit(stream, self.policy.memory, replica.kv_blocks, replica.block_size, setup.refuse)
+        self.kv_blocks = replica.engine_kv_blocks
+        check_requests_fit(stream, self.policy.memory, self.kv_blocks, replica.block_size, setup.refuse)
         self.stream = stream
+        self.setup = setup
         self.env = simpy.Environment()
         self.records = RequestRecords(len(stream))
-        self.iterations = IterationRecords()
+        self.iterations = IterationRecords(pipeline=replica.pipeline is not None)
         self.itl = ITLRecorder()
-        self.kv_blocks = replica.kv_blocks
         built = build_replicas(
             stream, self.policy, policy, replica, self.records, self.itl, range(setup.replicas), seed=setup.seed
         )
         self.states = [state for state, _ in built]
+        """Every scheduler's state: one per replica, or each replica's virtual engines in a row."""
+        engines = replica.virtual_engines
+        self.replicas = self.states if engines == 1 else self._pipeline_replicas(engines)
         self.clients = Clients(
             self.env,
             stream,
             self.records,
-            self.states,
+            self.replicas,
             self._wake,
-            make_router(setup.router, self.states, setup.seed, load_cap=setup.router_load_cap),
+            make_router(setup.router, self.replicas, setup.seed, load_cap=setup.router_load_cap),
             setup.client,
             setup.admission,
             refuse=setup.refuse,
@@ -135,11 +142,28 @@ class Engine:
                 engine_cpu=replica.engine_cpu,
                 merge_decode_steps=replica.merge_decode_steps,
                 completions_inert=self.clients.completions_inert,
+                pipeline=runner,
             )
-            for state, cost_model in built
+            for (state, cost_model), runner in zip(built, self._stage_runners(built, engines), strict=True)
         ]
         self._progress = progress
         self._passes = 0
+
+    def _pipeline_replicas(self, engines: int) -> list[PipelineReplica]:
+        """Each replica's virtual engines (consecutive states) behind one routable replica."""
+        return [PipelineReplica(self.states[i : i + engines]) for i in range(0, len(self.states), engines)]
+
+    def _stage_runners(self, built: list[tuple[Any, Any]], engines: int) -> list[Any]:
+        """Per state, its worker's pass runner through its replica's shared stages (None without stages)."""
+        pipeline = self.setup.replica.pipeline
+        if pipeline is None:
+            return [None] * len(built)
+        runners = []
+        for first in range(0, len(built), engines):
+            state, cost_model = built[first]
+            stages = Stages(self.env, pipeline, cost_model, self.iterations.append_stage, state.index)
+            runners += [stages.for_engine(engine) for engine in range(engines)]
+        return runners
 
     def run(self) -> SimOutput:
         """Run the event loop until every request has ended; return the records."""
@@ -148,6 +172,10 @@ class Engine:
         return SimOutput(requests, self.iterations.to_frame(self.kv_blocks), self.itl.to_frame())
 
     def _wake(self, replica: int) -> None:
+        target = self.replicas[replica]
+        if isinstance(target, PipelineReplica):  # the virtual engine the request went to
+            self.workers[replica * len(target.engines) + target.last_engine].wake()
+            return
         self.workers[replica].wake()
 
     def _tick(self, passes: int) -> None:

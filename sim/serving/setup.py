@@ -24,6 +24,7 @@ from sim.metrics.records import RequestRecords
 from sim.policies.base import Policy
 from sim.serving.cuda_graphs import with_cuda_graphs
 from sim.serving.memory_plan import MemoryPlan
+from sim.serving.pipeline import PipelineSetup
 from sim.serving.pool_state import PoolRole
 from sim.serving.pricing import CostModelLike
 from sim.serving.speculative import SpeculativeCostModel, SpeculativeDecode, make_speculation
@@ -48,6 +49,8 @@ class ReplicaSetup:
         draft_cost_model: the draft model's cost model (speculative method draft_model).
         merge_decode_steps: merge pure decode passes into one SimPy event where exact.
         cuda_graphs: the CUDA-graph sizes passes are priced at (None: every pass at its own size).
+        pipeline: pipeline stages of each replica (None: one stage): ``kv_blocks`` is then split evenly
+            over its virtual engines, and the cost model must give a breakdown.
     """
 
     cost_model: CostModelLike
@@ -58,6 +61,7 @@ class ReplicaSetup:
     draft_cost_model: CostModelLike | None = None
     merge_decode_steps: bool = True
     cuda_graphs: CUDAGraphsConfig | None = None
+    pipeline: PipelineSetup | None = None
 
     def __post_init__(self) -> None:
         for name in ("kv_blocks", "block_size"):
@@ -66,6 +70,27 @@ class ReplicaSetup:
                 raise UserError(f"{name} must be an integer >= 1, got {value!r}", field=name)
         if not callable(getattr(self.cost_model, "time_from_totals_s", None)):
             raise UserError(f"cost model {type(self.cost_model).__name__} has no time_from_totals_s(...) method")
+        if self.pipeline is not None and not callable(getattr(self.cost_model, "breakdown_from_totals_s", None)):
+            raise UserError(
+                f"cost model {type(self.cost_model).__name__} has no breakdown_from_totals_s(...) method, which "
+                "pipeline stages split a pass by"
+            )
+        if self.kv_blocks < self.virtual_engines:
+            raise UserError(
+                f"kv_blocks = {self.kv_blocks}: fewer than one block per virtual engine of the "
+                f"{self.virtual_engines} pipeline stages",
+                field="kv_blocks",
+            )
+
+    @property
+    def virtual_engines(self) -> int:
+        """Schedulers per replica: one per pipeline stage (vLLM V0), 1 without pipeline parallelism."""
+        return 1 if self.pipeline is None else self.pipeline.stages
+
+    @property
+    def engine_kv_blocks(self) -> int:
+        """KV blocks of each virtual engine: the replica's, split evenly (vLLM ``num_gpu_blocks //= pp``)."""
+        return self.kv_blocks // self.virtual_engines
 
 
 @dataclass(frozen=True)
@@ -133,6 +158,9 @@ def build_replicas(
 ) -> list[tuple[ReplicaState, CostModelLike]]:
     """The replica states of one policy, each with the cost model its worker prices passes with.
 
+    With pipeline stages every replica is ``setup.virtual_engines`` states in a row (its virtual
+    engines, same index, ``setup.engine_kv_blocks`` blocks each).
+
     Args:
         stream, records, itl: the run's requests, their records and the inter-token gaps.
         policy, config: the policy and its config (``speculative`` decorates the decode step).
@@ -152,12 +180,12 @@ def build_replicas(
             raise UserError("speculative method draft_model needs a draft cost model", field="speculative.draft_model")
         speculation = make_speculation(spec, stream, seed, target, setup.draft_cost_model)
     built = []
-    for index in indices:
+    for index in (i for i in indices for _ in range(setup.virtual_engines)):
         decode = SpeculativeDecode(speculation) if speculation is not None else None
         role = pool_role(index) if pool_role is not None else None
         state = ReplicaState(
-            index, records, stream.prompt_tokens, stream.output_tokens, plan, setup.kv_blocks, setup.block_size,
-            holds_slots=policy.holds_slots, itl=itl, speculation=decode, pool=role,
+            index, records, stream.prompt_tokens, stream.output_tokens, plan, setup.engine_kv_blocks,
+            setup.block_size, holds_slots=policy.holds_slots, itl=itl, speculation=decode, pool=role,
         )  # fmt: skip
         if role is not None:
             role.bind(state)

@@ -20,6 +20,11 @@ a steady policy (``Policy.steady_decode``) plans a pure decode pass, the followi
 are known too until something can change them, and they are advanced in bulk
 (:mod:`sim.serving.merge`); a pure decode plan is reused when ``Policy.decode_only`` says
 the policy would build it again. Results are identical with merging on and off.
+
+A virtual engine of a pipeline-parallel replica (``pipeline``) runs the plain loop: its passes
+go through stages that the replica's other virtual engines share, so no pass's end is known
+when it begins and nothing can be merged or run ahead. The pass runner takes the micro-batch
+through the stages and records one row per stage (:mod:`sim.serving.pipeline`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class Worker:
             passes ahead of the SimPy clock while no other event is due (see ``_run_ahead``).
         completions_inert: ``on_completed`` schedules and sends nothing (open-loop clients),
             so it may be called while the worker runs ahead of the clock.
+        pipeline: runs each pass through a pipeline-parallel replica's stages and records it,
+            ``pipeline(totals, pass_s, kv_blocks_used, context_tokens)`` (None: one timeout per
+            pass); merging is then off.
 
     Attributes:
         pass_events: SimPy timeouts the worker waited on for its passes (one per pass, per
@@ -82,6 +90,7 @@ class Worker:
         engine_cpu: EngineCPUConfig | None = None,
         merge_decode_steps: bool = True,
         completions_inert: bool = False,
+        pipeline: Callable[..., Generator[simpy.Event, Any, None]] | None = None,
     ) -> None:
         self.state = state
         self.scheduler_calls = 0
@@ -98,7 +107,8 @@ class Worker:
         self.env = env
         self.price: Callable[..., float] = self._cost if self._cpu is None else self._priced_first
         """GPU (+ engine CPU) time of a pass that is the first of its scheduling step."""
-        self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode
+        self._pipeline = pipeline
+        self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode and pipeline is None
         self._completions_inert = completions_inert
 
     def wake(self) -> None:
@@ -116,6 +126,7 @@ class Worker:
         env, state, schedule = self._env, self.state, self._policy.schedule
         record, index = self._iterations.append, state.index
         audit_every, on_iteration = self._audit_every, self._on_iteration
+        pipeline = self._pipeline
         passes, last_end_s = 0, 0.0
         while True:
             start_s = env.now
@@ -140,13 +151,17 @@ class Worker:
                     state.audit()
                 continue
             self.pass_events += 1
-            yield env.timeout(duration_s)
+            if pipeline is None:
+                yield env.timeout(duration_s)
+            else:  # through the stages, one row each
+                yield from pipeline(totals, duration_s, used_blocks, state.prefill_context_tokens)
             last_end_s = env.now
             completed = state.end(plan, last_end_s)
-            record(
-                index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks,
-                totals[2], totals[4], state.prefill_context_tokens,
-            )  # fmt: skip
+            if pipeline is None:
+                record(
+                    index, start_s, duration_s, totals[1] + totals[3], totals[0], totals[3], used_blocks,
+                    totals[2], totals[4], state.prefill_context_tokens,
+                )  # fmt: skip
             if completed:
                 self._on_completed(completed)
             passes += 1
@@ -291,11 +306,16 @@ class Worker:
             end_s += duration_s
         env = self._env
         self.pass_events += 1
-        yield env.timeout(delay_until(env.now, end_s))
-        completed = state.end_block(env.now)
-        record, index = self._iterations.append, state.index
-        for pass_start_s, pass_s, (prefill, _, work, decodes, kv_tokens), used in passes:
-            record(index, pass_start_s, pass_s, decodes, prefill, decodes, used, work, kv_tokens, 0)
+        if self._pipeline is not None:  # pass after pass through the shared stages, which record them
+            for _, pass_s, totals, used in passes:
+                yield from self._pipeline(totals, pass_s, used, 0)
+            completed = state.end_block(env.now)
+        else:
+            yield env.timeout(delay_until(env.now, end_s))
+            completed = state.end_block(env.now)
+            record, index = self._iterations.append, state.index
+            for pass_start_s, pass_s, (prefill, _, work, decodes, kv_tokens), used in passes:
+                record(index, pass_start_s, pass_s, decodes, prefill, decodes, used, work, kv_tokens, 0)
         if completed:
             self._on_completed(completed)
         self._on_iteration(len(passes))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.errors import UserError
 from sim.sweeps.backends import BACKENDS
 
 # Defined in cli_common (split_cli needs them too and must not import this module back);
@@ -186,6 +187,14 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate-high", type=float, default=None, help="a rate expected to fail it (req/s)"
     )
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="PATH=V1,V2,...",
+        help="search every combination of these deployments, e.g. pipeline_parallel=1,2 (repeatable); one row "
+        "per combination and policy",
+    )
     p.add_argument("--out", default=None, help="output folder (default: results/<name>-capacity/)")
     p.add_argument(
         "--split-gpus",
@@ -200,13 +209,18 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     """Search each policy's capacity, print the table, write capacity.csv/.md."""
     from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_folder, check_output_dir, write_marker
+    from sim.sweeps.grid import parse_param_options
     from sim.sweeps.outputs import capacity_markdown, capacity_table
     from sim.sweeps.slo_capacity import capacity
 
     scenario, seeds = _load(args)
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
     check_output_dir(out)  # a search can take minutes: say so before it starts, not after
+    params = parse_param_options(args.param) if args.param else None
     if args.split_gpus is not None:
+        if params:
+            raise UserError("--param and --split-gpus: a split search varies the pools itself; give one of them",
+                            field="param")  # fmt: skip
         from sim.sweeps.split_cli import run_split_search
 
         return run_split_search(args, scenario, seeds, out)
@@ -224,19 +238,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                 backend=args.backend,
                 address=args.address,
                 progress=not args.quiet,
+                params=params,
             )
     except KeyboardInterrupt as stop:
         print("terminated" if seen.was_terminated(stop) else "interrupted", file=sys.stderr)
         return seen.exit_code(stop)
+    grid = list(params or ())
     with atomic_folder(out) as tmp:
         report.to_csv(tmp / "capacity.csv", index=False, float_format=CSV_FLOAT_FORMAT)
-        (tmp / "capacity.md").write_text(capacity_markdown(report, scenario.name))
+        (tmp / "capacity.md").write_text(capacity_markdown(report, scenario.name, grid))
         write_marker(tmp, "capacity", scenario=scenario.name)
     if not args.quiet:
         print(
             f"{scenario.name}: {report['criterion'].iloc[0]}; tolerance {args.tolerance:.1%}, "
             f"{len(seeds)} seed(s)"
         )
-        print(capacity_table(report), end="")
+        print(capacity_table(report, grid), end="")
         print(f"wrote {out}/ (capacity.csv, capacity.md)")
     return 0

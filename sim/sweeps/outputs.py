@@ -149,8 +149,8 @@ def _policy_of(path: str) -> str | None:
     return match.group(1) if match and not match.group(1).lstrip("-").isdigit() else None
 
 
-def capacity_markdown(report: pd.DataFrame, scenario_name: str) -> str:
-    """``capacity.md``: the criterion, tolerance and seeds, then one row per policy."""
+def capacity_markdown(report: pd.DataFrame, scenario_name: str, params: Sequence[str] = ()) -> str:
+    """``capacity.md``: the criterion, tolerance and seeds, then one row per policy (and grid point)."""
     first = report.iloc[0]
     text = f"# {scenario_name}: capacity within the SLO\n\n"
     text += (
@@ -160,17 +160,18 @@ def capacity_markdown(report: pd.DataFrame, scenario_name: str) -> str:
         f"instead). Seeds per rate: {first['seeds']} "
         f"(a rate meets the SLO only if it does for every seed; metrics are means over seeds).\n\n"
     )
-    return text + capacity_table(report)
+    return text + capacity_table(report, params)
 
 
-def capacity_table(report: pd.DataFrame) -> str:
-    """The capacity report as a Markdown table."""
-    columns = [c for c in CAPACITY_COLUMNS if c in report.columns]
+def capacity_table(report: pd.DataFrame, params: Sequence[str] = ()) -> str:
+    """The capacity report as a Markdown table; the grid's parameters (``params``) first."""
+    columns = [*params, *(c for c in CAPACITY_COLUMNS if c in report.columns)]
     if report["requests_per_usd"].isna().all():
         columns.remove("requests_per_usd")
-    rows = [[_cell(report[c].iloc[i], c, ()) for c in columns] for i in range(len(report))]
+    rows = [[_cell(report[c].iloc[i], c, params) for c in columns] for i in range(len(report))]
     numeric = [c not in ("policy", "note") for c in columns]
-    return markdown_table([CAPACITY_COLUMNS[c] for c in columns], rows, numeric)
+    headers = [CAPACITY_COLUMNS.get(c, c) for c in columns]
+    return markdown_table(headers, rows, numeric)
 
 
 def _header(column: str) -> str:

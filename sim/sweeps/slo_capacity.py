@@ -18,6 +18,11 @@ meets the SLO and 1.1x that rate does not, by construction.
 
 With several seeds a rate meets the SLO only if it does for every seed; reported
 metrics are means over seeds at the reported rate.
+
+With a grid of deployment parameters (``params``, the ``--param PATH=V1,V2`` of a sweep, e.g.
+``pipeline_parallel`` x ``tensor_parallel``) every grid point's policies are searched side by side,
+one row each, so "TP 4 or PP 2 x TP 2?" is one search; a point whose model does not fit its GPUs
+is reported as such, without runs (:mod:`sim.sweeps.capacity_grid`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from sim.config import ConstantArrival, GammaArrival, PoissonArrival, Scenario
 from sim.errors import UserError, did_you_mean
 from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_capped_backend
+from sim.sweeps.capacity_grid import Lane, capacity_points, describe_lane
 from sim.sweeps.capacity_search import SearchOutcome, search_rate
 from sim.sweeps.grid import normalize_seeds
 from sim.sweeps.runner import progress_bar, report_startup
@@ -93,8 +99,9 @@ def capacity(
     backend: str = "local",
     address: str | None = None,
     progress: bool = False,
+    params: Mapping[str, Sequence[Any]] | None = None,
 ) -> pd.DataFrame:
-    """The highest arrival rate at which each policy meets the SLO.
+    """The highest arrival rate at which each policy meets the SLO (at each point of ``params``).
 
     Args:
         scenario: a Scenario or scenario YAML path with a rate-based arrival
@@ -109,9 +116,12 @@ def capacity(
         seeds: seeds per rate (an int N: 0..N-1); a rate meets only if it does for every seed.
         workers, backend, address: where the runs execute, as for :func:`sim.sweeps.sweep`.
         progress: a progress bar over runs on stderr.
+        params: a grid of scenario paths to values (as a sweep's), searched point by point; None: the
+            scenario as it is.
 
     Returns:
-        One row per policy: ``policy``, ``rate_rps`` (NaN if no rate tried met the SLO),
+        One row per policy (per grid point: the parameters' columns first): ``policy``, ``rate_rps``
+        (NaN if no rate tried met the SLO),
         ``fails_at_rps``, ``checked_rps`` (1.1 x rate, run and failing), ``tolerance``,
         ``criterion``, ``seeds``, the ``REPORTED_METRICS`` at ``rate_rps``, ``runs`` and ``note``.
 
@@ -131,6 +141,7 @@ def capacity(
         backend=backend,
         address=address,
         progress=progress,
+        params=params,
     )
 
 
@@ -149,14 +160,15 @@ def find_capacity(
     address: str | None = None,
     progress: bool = False,
     only: Sequence[str] | None = None,
+    params: Mapping[str, Sequence[Any]] | None = None,
 ) -> pd.DataFrame:
     """:func:`capacity` with an injectable point function, for tests; ``only`` limits the rows searched."""
-    spec = CapacitySpec.build(scenario, slo, attainment, tolerance, rate_low, rate_high, seeds)
+    spec = CapacitySpec.build(scenario, slo, attainment, tolerance, rate_low, rate_high, seeds, params)
     if only is not None:
         spec = replace(spec, only=tuple(only))
     runs = _Runs(spec, point_fn)
-    # A round runs one rate per policy and seed at once: more workers than that would only wait.
-    engine, count = open_capped_backend(backend, workers, address, tasks=len(spec.policies) * len(spec.seeds))
+    # A round runs one rate per lane and seed at once: more workers than that would only wait.
+    engine, count = open_capped_backend(backend, workers, address, tasks=max(1, len(spec.lanes)) * len(spec.seeds))
     with engine, progress_bar(progress, "capacity", "run") as bar:
         report_startup(engine, bar, progress, count)
         outcomes = _drive(spec, runs, engine, bar)
@@ -175,6 +187,10 @@ class CapacitySpec:
     rate_high: float | None
     seeds: list[int]
     only: tuple[str, ...] | None = None
+    points: tuple[dict[str, Any], ...] = ({},)
+    """Grid points (overrides), in grid order; one empty point without a grid."""
+    unservable: tuple[tuple[int, str], ...] = ()
+    """(point, why) of the grid points whose deployment cannot serve the requests: no runs there."""
 
     @classmethod
     def build(
@@ -186,6 +202,7 @@ class CapacitySpec:
         rate_low: float | None,
         rate_high: float | None,
         seeds: Sequence[int] | int,
+        params: Mapping[str, Sequence[Any]] | None = None,
     ) -> CapacitySpec:
         """Check every input; the base scenario gets ``slo`` as its SLO block."""
         base = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -194,9 +211,22 @@ class CapacitySpec:
         _check_search(attainment, tolerance, rate_low, rate_high)
         raw = dict(scenario_dict(base), slo=bounds)
         with_slo = build_scenario(raw, {}, base.base_dir)
+        points, unservable = capacity_points(with_slo, params, RATE_PATH)
         return cls(
-            with_slo, bounds, attainment, tolerance, rate_low, rate_high, normalize_seeds(seeds)
-        )
+            with_slo, bounds, attainment, tolerance, rate_low, rate_high, normalize_seeds(seeds),
+            points=tuple(points), unservable=tuple(sorted(unservable.items())),
+        )  # fmt: skip
+
+    @property
+    def params(self) -> list[str]:
+        """The grid's scenario paths (none without a grid)."""
+        return list(self.points[0])
+
+    @property
+    def lanes(self) -> list[Lane]:
+        """Every search: (grid point, policy) for each point that can serve the requests."""
+        skipped = dict(self.unservable)
+        return [(point, name) for point in range(len(self.points)) if point not in skipped for name in self.policies]
 
     @property
     def start_rps(self) -> float:
@@ -232,28 +262,48 @@ class CapacitySpec:
             return False
         return all(row[column] <= bound for column, bound in self.slo.items())
 
-    def task(self, policy: str, rate_rps: float, seed: int) -> Task:
-        """One run of ``policy`` at ``rate_rps`` with ``seed``."""
-        overrides = {RATE_PATH: rate_rps, "seed": seed}
+    def task(self, lane: Lane, rate_rps: float, seed: int) -> Task:
+        """One run of a lane's policy at its grid point, at ``rate_rps`` with ``seed``."""
+        point, policy = lane
+        overrides = {**self.points[point], RATE_PATH: rate_rps, "seed": seed}
         return Task(
-            (policy, rate_rps, seed),
+            (lane, rate_rps, seed),
             scenario_dict(self.base),
             overrides,
             self.base.base_dir,
             (policy,),
         )
 
-    def report(self, outcomes: Mapping[str, SearchOutcome], runs: _Runs) -> pd.DataFrame:
-        """One row per policy, in scenario order."""
-        found = {name: outcomes[name].rate_rps for name in self.policies if outcomes[name].rate_rps is not None}
-        best = max(found.items(), key=lambda item: item[1], default=None)
-        return pd.DataFrame([self._row(name, outcomes[name], runs, best) for name in self.policies])
+    def report(self, outcomes: Mapping[Lane, SearchOutcome], runs: _Runs) -> pd.DataFrame:
+        """One row per grid point and policy, in grid then scenario order."""
+        skipped = dict(self.unservable)
+        rows = []
+        for point, overrides in enumerate(self.points):
+            if point in skipped:
+                rows += [{**overrides, **self._unservable_row(name, skipped[point])} for name in self.policies]
+                continue
+            found = {
+                name: outcomes[(point, name)].rate_rps
+                for name in self.policies
+                if outcomes[(point, name)].rate_rps is not None
+            }
+            best = max(found.items(), key=lambda item: item[1], default=None)
+            rows += [{**overrides, **self._row((point, name), outcomes[(point, name)], runs, best)}
+                     for name in self.policies]  # fmt: skip
+        return pd.DataFrame(rows)
 
-    def _row(
-        self, policy: str, outcome: SearchOutcome, runs: _Runs, best: tuple[str, float] | None
-    ) -> dict[str, Any]:
+    def _unservable_row(self, policy: str, why: str) -> dict[str, Any]:
+        nan = math.nan
+        return {
+            "policy": policy, "rate_rps": nan, "fails_at_rps": nan, "checked_rps": nan, "tolerance": self.tolerance,
+            "criterion": self.criterion(), "seeds": len(self.seeds), **dict.fromkeys(REPORTED_METRICS, nan),
+            "runs": 0, "note": f"not servable: {why}",
+        }  # fmt: skip
+
+    def _row(self, lane: Lane, outcome: SearchOutcome, runs: _Runs, best: tuple[str, float] | None) -> dict[str, Any]:
+        policy = lane[1]
         rate = outcome.rate_rps
-        metrics = runs.mean(policy, rate) if rate is not None else {}
+        metrics = runs.mean(lane, rate) if rate is not None else {}
         idle = self._idle_note(policy, rate, metrics, best)
         return {
             "policy": policy,
@@ -264,7 +314,7 @@ class CapacitySpec:
             "criterion": self.criterion(),
             "seeds": len(self.seeds),
             **{m: metrics.get(m, math.nan) for m in REPORTED_METRICS},
-            "runs": runs.count(policy),
+            "runs": runs.count(lane),
             "note": _join(outcome.note, _transient_note(rate, metrics), idle),
         }
 
@@ -297,17 +347,17 @@ class CapacitySpec:
 
 
 class _Runs:
-    """Summary rows of every run so far, by (policy, rate); no run is repeated."""
+    """Summary rows of every run so far, by (lane, rate); no run is repeated."""
 
     def __init__(self, spec: CapacitySpec, point_fn: PointFn) -> None:
         self.spec = spec
         self.fn = partial(execute, point_fn=point_fn)
-        # (policy, rate) -> seed -> summary row; kept by seed so means never depend on
+        # (lane, rate) -> seed -> summary row; kept by seed so means never depend on
         # the order in which workers finished.
-        self.rows: dict[tuple[str, float], dict[int, dict[str, Any]]] = {}
+        self.rows: dict[tuple[Lane, float], dict[int, dict[str, Any]]] = {}
 
-    def missing(self, wanted: Mapping[str, float]) -> list[Task]:
-        """Tasks for the (policy, rate) pairs not run yet, every seed."""
+    def missing(self, wanted: Mapping[Lane, float]) -> list[Task]:
+        """Tasks for the (lane, rate) pairs not run yet, every seed."""
         return [
             self.spec.task(p, r, s)
             for p, r in wanted.items()
@@ -317,37 +367,34 @@ class _Runs:
 
     def add(self, result: TaskResult) -> None:
         """Record one finished run; a failed run stops the search with its error."""
-        policy, rate, seed = result.key
+        lane, rate, seed = result.key
         if result.error or result.summary is None:
             raise UserError(
-                f"capacity: policy '{policy}' at {RATE_PATH}={rate:g} (seed {seed}) failed: "
+                f"capacity: {describe_lane(lane, self.spec.points)} at {RATE_PATH}={rate:g} (seed {seed}) failed: "
                 f"{result.error}"
             )
-        self.rows.setdefault((policy, rate), {})[seed] = result.summary.iloc[0].to_dict()
+        self.rows.setdefault((lane, rate), {})[seed] = result.summary.iloc[0].to_dict()
 
-    def meets(self, policy: str, rate: float) -> bool:
-        """Whether ``policy`` met the SLO at ``rate`` for every seed."""
-        return self.spec.meets(list(self.rows[(policy, rate)].values()))
+    def meets(self, lane: Lane, rate: float) -> bool:
+        """Whether the lane's policy met the SLO at ``rate`` for every seed."""
+        return self.spec.meets(list(self.rows[(lane, rate)].values()))
 
-    def mean(self, policy: str, rate: float) -> dict[str, float]:
+    def mean(self, lane: Lane, rate: float) -> dict[str, float]:
         """Reported metrics at ``rate``, averaged over seeds."""
-        by_seed = self.rows[(policy, rate)]
+        by_seed = self.rows[(lane, rate)]
         frame = pd.DataFrame([by_seed[seed] for seed in sorted(by_seed)])
         return {m: float(frame[m].mean()) for m in REPORTED_METRICS if m in frame.columns}
 
-    def count(self, policy: str) -> int:
-        """Runs made for ``policy`` (rates x seeds)."""
-        return sum(len(rows) for (p, _), rows in self.rows.items() if p == policy)
+    def count(self, lane: Lane) -> int:
+        """Runs made for a lane (rates x seeds)."""
+        return sum(len(rows) for (key, _), rows in self.rows.items() if key == lane)
 
 
-def _drive(spec: CapacitySpec, runs: _Runs, engine: Any, bar: Any) -> dict[str, SearchOutcome]:
-    """Advance every policy's search in lock-step; a round runs the rates asked for in parallel."""
-    searches = {
-        name: search_rate(spec.start_rps, spec.tolerance, spec.rate_low, spec.rate_high)
-        for name in spec.policies
-    }
-    wanted = {name: next(search) for name, search in searches.items()}
-    outcomes: dict[str, SearchOutcome] = {}
+def _drive(spec: CapacitySpec, runs: _Runs, engine: Any, bar: Any) -> dict[Lane, SearchOutcome]:
+    """Advance every lane's search in lock-step; a round runs the rates asked for in parallel."""
+    searches = {lane: search_rate(spec.start_rps, spec.tolerance, spec.rate_low, spec.rate_high) for lane in spec.lanes}
+    wanted = {lane: next(search) for lane, search in searches.items()}
+    outcomes: dict[Lane, SearchOutcome] = {}
     while wanted:
         for result in engine.imap_unordered(runs.fn, runs.missing(wanted)):
             runs.add(result)
@@ -357,17 +404,17 @@ def _drive(spec: CapacitySpec, runs: _Runs, engine: Any, bar: Any) -> dict[str, 
 
 
 def _advance(
-    searches: dict[str, Generator[float, bool, SearchOutcome]],
-    wanted: dict[str, float],
+    searches: dict[Lane, Generator[float, bool, SearchOutcome]],
+    wanted: dict[Lane, float],
     runs: _Runs,
-    outcomes: dict[str, SearchOutcome],
-) -> dict[str, float]:
-    following: dict[str, float] = {}
-    for name, rate in wanted.items():
+    outcomes: dict[Lane, SearchOutcome],
+) -> dict[Lane, float]:
+    following: dict[Lane, float] = {}
+    for lane, rate in wanted.items():
         try:
-            following[name] = searches[name].send(runs.meets(name, rate))
+            following[lane] = searches[lane].send(runs.meets(lane, rate))
         except StopIteration as stop:
-            outcomes[name] = stop.value
+            outcomes[lane] = stop.value
     return following
 
 
