@@ -217,11 +217,12 @@ _V0_FRONTEND = _at(
     "over ZMQ (vllm/entrypoints/openai/rpc/client.py); per_request_ms and latency_ms fitted by "
     "scripts/fit_serving.py on ../shared/validation",
 )  # fmt: skip
-_V1_FRONTEND = (
-    "vllm-project/vllm vllm/v1/engine/async_llm.py, core_client.py, output_processor.py at v0.11.0: the API "
-    "server's loop, the EngineCore process behind ZMQ and the output processor that detokenizes each chunk; "
-    "latency_ms fitted by scripts/fit_serving.py on ../shared/validation (per_request_ms shared with V0's loop)"
-)
+_V1_FRONTEND = _at(
+    "vllm/v1/engine/async_llm.py", "v0.11.0",
+    "the API server's loop hands each request to the EngineCore process over ZMQ (core_client.py) and the "
+    "output processor detokenizes each chunk before it is streamed (output_processor.py); latency_ms fitted by "
+    "scripts/fit_serving.py on ../shared/validation (per_request_ms shared with V0's loop)",
+)  # fmt: skip
 
 SOURCES_0_6_0: dict[str, str] = {
     "kind": _at(
