@@ -150,11 +150,11 @@ class SpeculativeConfig(StrictModel):
         "instead of the head model (one target-shaped layer + LM head + draft_step_ms); default: the head model.",
     )
     draft_step_ms: Float = Field(
-        0.25,
+        0.45,
         ge=0,
         le=1000,
         description="method eagle: host and kernel-launch time of each draft step, beyond its GPU work (ms). "
-        "0.25 reproduces vLLM 0.11 EAGLE-3 (4 tokens, H100) decoding random text at 10.7 ms per token against "
+        "0.45 reproduces vLLM 0.11 EAGLE-3 (4 tokens, H100) decoding random text at 10.7 ms per token against "
         "7.1 ms without speculation (docs/speculative.md).",
     )
 
