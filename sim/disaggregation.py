@@ -23,7 +23,7 @@ from sim.hardware.cost_model import load_cost_model
 from sim.hardware.draft import draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget, kv_bytes_per_token
 from sim.metrics.summary import percentile, summarize_run
-from sim.resolve import ResolvedScenario, prefix_caching_on
+from sim.resolve import ResolvedScenario, frontend_of, prefix_caching_on
 from sim.serving.disagg import DisaggEngine, PoolSpec
 from sim.serving.engine import ProgressCallback, SimOutput
 from sim.serving.kv_link import TransferModel
@@ -133,7 +133,7 @@ def simulate_disaggregated(
         resolved.stream, prefill.spec, decode.spec, transfer_model(resolved, config),
         block_size=prefill.kv.block_size, router=scenario.router, client=scenario.client,
         admission=scenario.admission, seed=scenario.seed, progress=progress, refuse=resolved.over_length,
-        frontend=scenario.frontend,
+        frontend=frontend_of(scenario, config.prefill.policy),  # requests enter through the prefill pool's server
     )  # fmt: skip
     return engine.run()
 

@@ -98,7 +98,7 @@ class ResolvedScenario:
             router_load_cap=scenario.router_load_cap,
             client=scenario.client,
             admission=scenario.admission,
-            frontend=scenario.frontend,
+            frontend=frontend_of(scenario, policy),
             refuse=self.over_length,
             seed=scenario.seed,
         )
@@ -156,6 +156,14 @@ class ResolvedScenario:
             "pipeline_stage_layers": list(stage_layers(self.model.num_layers, stages)),
             "kv_blocks_per_virtual_engine": self.kv.num_blocks // stages,
         }
+
+
+def frontend_of(scenario: Scenario, policy: Any) -> Any:
+    """The API front end ``policy`` is served behind: the scenario's ``frontend`` block when it has one
+    (the user's choice for every policy), else the policy's own (its preset's server), else none."""
+    if scenario.frontend is not None:
+        return scenario.frontend
+    return getattr(policy, "frontend", None)
 
 
 def prefix_caching_on(scenario: Scenario, policy: Any) -> bool:

@@ -33,8 +33,24 @@ VLLM_06_CPU: dict[str, Any] = {
 }  # fmt: skip
 """vLLM 0.6 engine CPU time, fitted jointly on the three A100 validation runs (docs/validation.md)."""
 
-VLLM_V1_CPU: dict[str, Any] = dict(VLLM_06_CPU, overlap_step=True)
-"""The 0.6 costs with scheduling overlapped with the GPU (async scheduling); assumed, not measured."""
+VLLM_V1_CPU: dict[str, Any] = {
+    "step_ms": 0.0, "step_us_per_seq": 11.6, "pass_ms": 0.15, "pass_us_per_seq": 0.0, "overlap_step": False,
+}  # fmt: skip
+"""vLLM V1 (0.11+) engine CPU time: the scheduler's and the output update's per-request loops
+(``Scheduler.schedule`` and ``update_from_output`` walk every running request: the step term, which
+async scheduling overlaps with the GPU) and one fixed cost per pass (input preparation and sampling,
+vectorised). Fitted by ``scripts/fit_serving.py`` on the vLLM 0.11 folder of ../shared/validation."""
+
+V0_FRONTEND: dict[str, Any] = {"per_request_ms": 3.1, "latency_ms": 3.2}
+"""vLLM V0's OpenAI server (0.6, 0.9): one asyncio loop spends ``per_request_ms`` per request (HTTP,
+JSON, validation, tokenization; a burst is parsed before any request is submitted) and a request waits
+``latency_ms`` outside it (the hop to the engine process and the stream back). Fitted by
+``scripts/fit_serving.py`` jointly with :data:`V1_FRONTEND` (the loop's time per request is shared)."""
+
+V1_FRONTEND: dict[str, Any] = {"per_request_ms": 3.1, "latency_ms": 16.0}
+"""vLLM V1's OpenAI server (0.11+): the same loop, and a longer path outside it: the API server, the
+EngineCore process it talks to over ZMQ, and the output processor that detokenizes each chunk before it
+is streamed (``vllm/v1/engine/async_llm.py``, ``core_client.py``, ``output_processor.py``)."""
 
 LARGE_GPU_GIB = 70
 """V1's threshold for the large token budget: ``device_memory >= 70 * GiB_bytes`` (get_batch_defaults)."""
@@ -115,7 +131,7 @@ def _v0_chunked(given: Mapping[str, Any], max_model_len: int, *, prefix_caching_
 def _v0_fields(given: Mapping[str, Any], max_model_len: int, chunked: bool, chunk_tokens: int) -> dict[str, Any]:
     seqs = _given_int(given, "max_batch_size") or 256
     common = {"max_batch_size": 256, "gpu_memory_utilization": 0.9, "prefix_caching": False,
-              "num_scheduler_steps": 1, "engine_cpu": VLLM_06_CPU,
+              "num_scheduler_steps": 1, "engine_cpu": VLLM_06_CPU, "frontend": V0_FRONTEND,
               "cuda_graphs": {"capture_sizes": v0_capture_sizes(seqs), "batches": "decode"}}  # fmt: skip
     if chunked:  # V0's chunked prefill reserves a prompt's blocks when it is first scheduled
         return {"kind": "chunked_prefill", "chunk_size": chunk_tokens, "allocate": "prompt", **common}
@@ -162,7 +178,8 @@ def vllm_0_11_0(gpu: str, memory_gib: float, max_model_len: int, given: Mapping[
         )
     tokens, seqs = _v1_budget(gpu, memory_gib, given, max_model_len, cap_by_context=False)
     return {"kind": "chunked_prefill", "chunk_size": tokens, "max_batch_size": seqs, "allocate": "chunk",
-            "prefix_caching": True, "gpu_memory_utilization": 0.9, "engine_cpu": VLLM_06_CPU,
+            "prefix_caching": True, "gpu_memory_utilization": 0.9, "engine_cpu": VLLM_V1_CPU,
+            "frontend": V1_FRONTEND,
             "cuda_graphs": {"capture_sizes": v1_capture_sizes_0110(seqs, tokens), "batches": "all"}}  # fmt: skip
 
 
@@ -180,7 +197,7 @@ def vllm_0_15_1(gpu: str, memory_gib: float, max_model_len: int, given: Mapping[
     sizes = v1_capture_sizes_0151(seqs, tokens, 1 + gamma)
     return {"kind": "chunked_prefill", "chunk_size": tokens, "max_batch_size": seqs, "allocate": "chunk",
             "prefix_caching": True, "gpu_memory_utilization": 0.9,
-            "engine_cpu": dict(VLLM_06_CPU, overlap_step=overlap),
+            "engine_cpu": dict(VLLM_V1_CPU, overlap_step=overlap), "frontend": V1_FRONTEND,
             "cuda_graphs": {"capture_sizes": sizes, "batches": "all"}}  # fmt: skip
 
 
@@ -190,6 +207,22 @@ def _at(path: str, tag: str, what: str) -> str:
 
 
 _CPU_FIT = "CPU time: the linear model fitted on the vLLM 0.6.0 validation runs (docs/validation.md)"
+_V1_CPU_FIT = (
+    "CPU time: V1's per-pass and per-request-per-step terms fitted by scripts/fit_serving.py on the vLLM 0.11 "
+    "folder of ../shared/validation (docs/validation.md)"
+)
+_V0_FRONTEND = _at(
+    "vllm/entrypoints/openai/api_server.py", "v0.6.0",
+    "one uvicorn/asyncio loop parses, validates and tokenizes each request, then sends it to the engine process "
+    "over ZMQ (vllm/entrypoints/openai/rpc/client.py); per_request_ms and latency_ms fitted by "
+    "scripts/fit_serving.py on ../shared/validation",
+)  # fmt: skip
+_V1_FRONTEND = _at(
+    "vllm/v1/engine/async_llm.py", "v0.11.0",
+    "the API server's loop hands each request to the EngineCore process over ZMQ (core_client.py) and the "
+    "output processor detokenizes each chunk before it is streamed (output_processor.py); latency_ms fitted by "
+    "scripts/fit_serving.py on ../shared/validation (per_request_ms shared with V0's loop)",
+)  # fmt: skip
 
 SOURCES_0_6_0: dict[str, str] = {
     "kind": _at(
@@ -221,6 +254,7 @@ SOURCES_0_6_0: dict[str, str] = {
     )
     + "; "
     + _CPU_FIT,
+    "frontend": _V0_FRONTEND,
     "cuda_graphs": _at(
         "vllm/worker/model_runner.py",
         "v0.6.0",
@@ -259,6 +293,7 @@ SOURCES_0_9_2: dict[str, str] = {
     ),
     "gpu_memory_utilization": _at("vllm/config.py", "v0.9.2", "CacheConfig.gpu_memory_utilization = 0.9"),
     "num_scheduler_steps": _at("vllm/config.py", "v0.9.2", "SchedulerConfig.num_scheduler_steps = 1"),
+    "frontend": _V0_FRONTEND,
     "engine_cpu": _at("vllm/engine/llm_engine.py", "v0.9.2", "the V0 engine loop, one step after another")
     + "; "
     + _CPU_FIT
@@ -303,7 +338,8 @@ SOURCES_0_11_0: dict[str, str] = {
         "vllm/config/scheduler.py", "v0.11.0", "SchedulerConfig.async_scheduling = False: scheduling not overlapped"
     )
     + "; "
-    + _CPU_FIT,
+    + _V1_CPU_FIT,
+    "frontend": _V1_FRONTEND,
     "cuda_graphs": _at(
         "vllm/config/__init__.py",
         "v0.11.0",
@@ -345,7 +381,8 @@ SOURCES_0_15_1: dict[str, str] = {
         "ngram or draft-model speculation: the next step is scheduled while the GPU runs",
     )
     + "; "
-    + _CPU_FIT,
+    + _V1_CPU_FIT,
+    "frontend": _V1_FRONTEND,
     "cuda_graphs": _at(
         "vllm/config/vllm.py",
         "v0.15.1",

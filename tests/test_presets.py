@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import sim
+from sim.config import Scenario
 from sim.errors import UserError
 from sim.presets import PRESETS, DeploymentFacts, preset_lines
 
@@ -195,3 +196,20 @@ def test_a_policys_memory_share_sizes_its_kv_cache() -> None:
     scenario = _scenario({"name": "x", "preset": "vllm-0.6", "gpu_memory_utilization": 0.95})
     resolved = resolve(scenario)
     assert resolved.kv_for(scenario.policies[0]).num_blocks > resolved.kv.num_blocks  # scenario default 0.9
+
+
+@pytest.mark.parametrize(
+    ("preset", "per_request_ms", "latency_ms"),
+    [("vllm-0.6", 3.1, 3.2), ("vllm-0.9", 3.1, 3.2), ("vllm-0.11", 3.1, 16.0), ("vllm-0.15", 3.1, 16.0)],
+)
+def test_a_vllm_preset_serves_behind_its_versions_front_end(preset: str, per_request_ms: float, latency_ms: float):
+    """docs/validation.md: the API server's loop time is one fitted value for V0 and V1 servers; the latency
+    outside it is V0's or V1's (V1 adds the EngineCore process hop and the output processor); warm servers."""
+    policy = Scenario.from_data({
+        "name": "fe", "model": "llama-3-8b", "gpu": "h100-sxm",
+        "workload": {"requests": 2, "arrival": {"kind": "burst"}, "prompt_tokens": {"kind": "fixed", "value": 8},
+                     "output_tokens": {"kind": "fixed", "value": 2}},
+        "policies": [{"name": "p", "preset": preset}],
+    }).policies[0]  # fmt: skip
+    assert (policy.frontend.per_request_ms, policy.frontend.latency_ms) == (per_request_ms, latency_ms)
+    assert policy.frontend.startup_ms == 0.0

@@ -32,6 +32,7 @@ from sim.validation.metrics import (
     median_ttft_ms,
 )
 from sim.validation.report import DOCS_BLOCKS, DOCS_FILE, REPO_ROOT, refresh_docs, report_validation
+from sim.vllm_defaults import V0_FRONTEND
 
 SHARED_SET = REPO_ROOT.parent / "shared" / "validation" / "vllm-0.6.0-burst"
 HAVE_SHARED = (SHARED_SET / "summary.csv").is_file()
@@ -258,7 +259,8 @@ def test_replay_has_the_runs_requests_and_the_server_flags(run) -> None:
     assert (policy.num_scheduler_steps, policy.max_batch_size, policy.max_num_batched_tokens) == (10, 1024, 2048)
     assert policy.gpu_memory_utilization == 0.95
     assert policy.engine_cpu.model_dump() == VLLM_06_CPU  # the preset's fitted CPU model
-    assert scenario.frontend == FrontendConfig()  # the fitted defaults
+    assert scenario.frontend is None  # the server is the preset's: vLLM V0's API front end
+    assert policy.frontend == FrontendConfig(**V0_FRONTEND)
     assert scenario.memory.block_size == 16 and scenario.memory.gpu_memory_utilization == 0.95
     assert scenario.max_model_len == run.summary["max_model_len"]
 
@@ -301,25 +303,27 @@ def test_report_says_it_skipped_without_the_real_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
-# The accuracy of the fitted model (front end, CPU time, cost model) on each A100 burst. Runs below
-# N = 80 miss today: the fitted start-up (260 ms) and parse-the-whole-burst front end explain
-# N = 80..640 only (issue 26); strict, so that a model that fixes them fails here until the mark goes.
-FRONT_END_GAP = pytest.mark.xfail(strict=True, reason="issue 26: front end below N=80")
-A100_RUNS = [
-    pytest.param(run, id=run.name, marks=[FRONT_END_GAP] if run.num_requests < 80 else [])
-    for run in SHARED_RUNS
-    if run.summary["gpu"].startswith("A100")
-]
-
-
-@pytest.mark.parametrize("run", A100_RUNS)
+# The accuracy of the fitted model (front end, CPU time, cost model) on the bursts, against issue 26's
+# targets: no run's TTFT off by more than 25%, and a median |error| over all runs of at most 5% on TTFT,
+# TPOT, E2E and tokens/s (scripts/fit_serving.py fitted the serving terms on both folders jointly).
 @needs_shared
-def test_fitted_model_reproduces_each_a100_burst_within_ten_percent(reported, run) -> None:
+def test_fitted_model_keeps_every_burst_within_the_targets(reported) -> None:
     table = pd.read_csv(reported[0] / "validation" / "vllm-0.6.0-burst.csv")
-    rows = table[table["run"] == run.name]
-    assert len(rows) == 5
-    worst = rows.loc[rows["error_pct"].abs().idxmax()]
-    assert abs(worst["error_pct"]) <= 10.0, f"{worst['run']} {worst['metric']}: {worst['error_pct']:+.1f}%"
+    assert set(table["run"]) == {run.name for run in SHARED_RUNS}
+    ttft = table[table["metric"] == "ttft_p50_ms"]
+    assert (ttft["error_pct"].abs() <= 25.0).all(), ttft[["run", "error_pct"]].to_string()
+    medians = table.assign(abs_error=table["error_pct"].abs()).groupby("metric")["abs_error"].median()
+    assert (medians[["ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tps"]] <= 5.0).all(), medians.to_string()
+
+
+@needs_shared
+def test_fitted_model_keeps_unsaturated_v1_stages_within_ten_percent(reported) -> None:
+    """vLLM 0.11 load stages below 0.9 of capacity: median |error| <= 10% on TTFT, TPOT and E2E (issue 26)."""
+    table = pd.read_csv(reported[0] / "validation" / "vllm-0.11-h100.csv")
+    stages = table[(table["shape"] == "stages") & ~table["saturated"].astype(bool)]
+    assert stages["run"].nunique() >= 3
+    medians = stages.assign(abs_error=stages["error_pct"].abs()).groupby("metric")["abs_error"].median()
+    assert (medians[["ttft_mean_ms", "tpot_derived_ms", "e2e_mean_ms"]] <= 10.0).all(), medians.to_string()
 
 
 @pytest.mark.parametrize("block", DOCS_BLOCKS)

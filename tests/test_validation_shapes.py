@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.config import Scenario
+from sim.config import FrontendConfig, Scenario
 from sim.errors import UserError
 from sim.validation.cases import Case
 from sim.validation.folder import load_cases
@@ -25,6 +25,7 @@ from sim.validation.report import REPO_ROOT
 from sim.validation.server import ENGINE_PRESETS, ServerFlags, policy_entry, preset_for
 from sim.validation.spans import TraceCase
 from sim.validation.stages import MEASURED, StageCase
+from sim.vllm_defaults import V1_FRONTEND
 
 SHARED_V1 = REPO_ROOT.parent / "shared" / "validation" / "vllm-0.11-h100"
 HAVE_SHARED = (SHARED_V1 / "inference-perf-stages.csv").is_file()
@@ -106,9 +107,10 @@ def test_stage_rows_replay_at_their_rate_or_as_the_clients_closed_loop(tmp_path:
         assert workload.shared_prefix.tokens == 128 and workload.shared_prefix.variants == 2
         assert workload.shared_prefix.tokens + workload.prompt_tokens.value == 204
         assert workload.output_tokens.value == 64
-        assert scenario.frontend.startup_ms == 0.0  # a warm server
         policy = scenario.policies[0]
-        assert policy.preset == "vllm-v1" and policy.max_batch_size == 128 and policy.prefix_caching is False
+        assert scenario.frontend is None and policy.frontend == FrontendConfig(**V1_FRONTEND)  # vLLM V1's server
+        assert policy.frontend.startup_ms == 0.0  # a warm server
+        assert policy.preset == "vllm-0.11" and policy.max_batch_size == 128 and policy.prefix_caching is False
         assert scenario.max_model_len == 512 and scenario.gpu == "h100-sxm" and scenario.model == "llama-3.1-8b"
     assert cases[1].requested_rps == 120.0 and cases[0].requested_rps is None
 
@@ -172,7 +174,7 @@ def test_trace_replays_its_arrivals_into_the_engine(tmp_path: Path) -> None:
     (case,) = load_cases(path.parent)
     assert isinstance(case, TraceCase) and case.n == 6
     scenario = _scenario(case, tmp_path)
-    assert scenario.frontend is None  # the spans start at the engine
+    assert scenario.frontend is None and scenario.policies[0].frontend is None  # the spans start at the engine
     from sim.resolve import resolve
 
     stream = resolve(scenario).stream
@@ -181,7 +183,7 @@ def test_trace_replays_its_arrivals_into_the_engine(tmp_path: Path) -> None:
     assert np.array_equal(stream.prompt_tokens, frame["input_len"])
     assert np.array_equal(stream.output_tokens, frame["output_len"])
     policy = scenario.policies[0]
-    assert policy.preset == "vllm-v1" and scenario.max_model_len == 4096 and scenario.model == "llama-2-7b"
+    assert policy.preset == "vllm-0.11" and scenario.max_model_len == 4096 and scenario.model == "llama-2-7b"
 
 
 def test_trace_report_compares_in_distribution_and_per_request(tmp_path: Path, capsys) -> None:

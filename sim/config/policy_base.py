@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import Float, Int, StrictModel
+from sim.config.serving import FrontendConfig
 
 
 class EngineCPUConfig(StrictModel):
@@ -149,11 +150,11 @@ class SpeculativeConfig(StrictModel):
         "instead of the head model (one target-shaped layer + LM head + draft_step_ms); default: the head model.",
     )
     draft_step_ms: Float = Field(
-        0.25,
+        0.45,
         ge=0,
         le=1000,
         description="method eagle: host and kernel-launch time of each draft step, beyond its GPU work (ms). "
-        "0.25 reproduces vLLM 0.11 EAGLE-3 (4 tokens, H100) decoding random text at 10.7 ms per token against "
+        "0.45 reproduces vLLM 0.11 EAGLE-3 (4 tokens, H100) decoding random text at 10.7 ms per token against "
         "7.1 ms without speculation (docs/speculative.md).",
     )
 
@@ -220,6 +221,12 @@ class PolicyConfigBase(StrictModel):
         None,
         description="CUDA-graph capture sizes this engine replays passes at (None: every pass at its own size). "
         "Set by the vllm-* presets from each version's defaults (python -m sim list presets).",
+    )
+    frontend: FrontendConfig | None = Field(
+        None,
+        description="This engine's API front end (set by the vllm-* presets for their version's server; None: "
+        "requests reach the engine when sent). The scenario's own frontend block, when given, applies to every "
+        "policy instead.",
     )
     all_reduce: AllReduceConfig = Field(
         default_factory=AllReduceConfig,

@@ -7,9 +7,15 @@ before the engine sees them.
 ``event_loop`` discipline the tokenize turn joins the back of the ready queue when the
 parse turn ends, as an asyncio continuation does, so a burst of N requests is parsed in
 full before the first one is tokenized; under ``fifo`` a request takes both turns at
-once, first come first served. A cold front end opens ``startup_ms`` after the first
-request arrives. This is a SimPy resource of ``workers`` servers, written as timeout
-callbacks so that it costs one heap entry per turn and no process per request.
+once, first come first served. Those turns are the front end's *capacity*: one loop
+serves them one at a time. Its *latency* is apart: a request reaches the engine
+``latency_ms`` after its last turn (the HTTP transit, the hop to the engine process, and
+the first token's way back through detokenization and streaming, folded into the way in:
+TTFT and E2E shift alike), and any number of requests can be in that delay at once, so it
+costs no capacity. A cold front end (``startup_ms`` > 0, an explicit option) opens that
+long after the first request arrives; a warm one (the default) at once. This is a SimPy
+resource of ``workers`` servers, written as timeout callbacks so that it costs one heap
+entry per turn and no process per request.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class FrontEnd:
         self._token_s = config.per_prompt_token_us / 1e6
         self._split = config.discipline == "event_loop"
         self._startup_s = config.startup_ms / 1e3
+        self._latency_s = config.latency_ms / 1e3
         self._workers = config.workers
         self._free = 0  # closed until the first arrival plus the start-up delay
         self._opened = False
@@ -60,8 +67,10 @@ class FrontEnd:
         self._ready.append((rid, PARSE if self._split else BOTH))
         if not self._opened:
             self._opened = True
-            self._env.timeout(self._startup_s).callbacks.append(self._open)
-            return
+            if self._startup_s > 0:
+                self._env.timeout(self._startup_s).callbacks.append(self._open)
+                return
+            self._free = self._workers
         self._dispatch()
 
     def _open(self, _event: simpy.Event) -> None:
@@ -84,6 +93,8 @@ class FrontEnd:
         self._free += 1
         if turn == PARSE:
             self._ready.append((rid, TOKENIZE))
+        elif self._latency_s > 0:
+            self._env.timeout(self._latency_s).callbacks.append(lambda _event: self._deliver(rid))
         else:
             self._deliver(rid)
         self._dispatch()

@@ -76,9 +76,9 @@ class Case:
         """The replay's ``workload`` block; may write a trace file into ``folder`` (which outlives the run)."""
         raise NotImplementedError
 
-    def frontend(self) -> dict[str, Any] | None:
-        """The replay's ``frontend`` block (None: the requests reach the engine directly)."""
-        return {}
+    measured_at_engine = False
+    """The measurement starts when a request reaches the engine (server spans): no front end is replayed.
+    Otherwise the client's measurement includes the API server, replayed as the preset's front end."""
 
     def compare(self, requests: pd.DataFrame) -> list[Residual]:
         """Measured vs simulated, from the replay's request records (``RunResult.requests`` of its one policy)."""
@@ -106,6 +106,8 @@ class Case:
         self.check()
         model, gpu = catalog_names(self.flags, self.name)
         policy, _ = policy_entry(self.flags, POLICY_NAME, self.name)
+        if self.measured_at_engine:
+            policy["frontend"] = None  # the preset's server is outside what was measured
         tp = self.flags.tensor_parallel
         scenario: dict[str, Any] = {
             "name": replay_name(self.name), "seed": 0, "model": model, "gpu": gpu,
@@ -116,9 +118,6 @@ class Case:
             "workload": self.workload(folder),
             "policies": [policy],
         }  # fmt: skip
-        frontend = self.frontend()
-        if frontend is not None:
-            scenario["frontend"] = frontend
         return scenario
 
 

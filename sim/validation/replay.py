@@ -2,7 +2,7 @@
 
 A :class:`BurstCase` replays one run of a burst folder: the catalog model and GPU of its
 ``model_id`` and ``gpu``, its tensor-parallel degree and ``max_model_len``, 16-token KV
-blocks, the API front end with its fitted defaults (``frontend: {}``) and one policy, the
+blocks, the API front end of the run's vLLM version (its preset's ``frontend``) and one policy, the
 preset of the server's engine version with the server's flags
 (:func:`sim.validation.server.policy_entry`). The requests are the run's own, all sent at
 t = 0: their lengths go into a trace CSV (all arrivals 0) that batchsim's trace arrival reads.

@@ -71,9 +71,7 @@ class TraceCase(Case):
         }).to_csv(path, index=False)  # fmt: skip
         return {"arrival": {"kind": "trace", "path": str(path)}, "text": "random"}
 
-    def frontend(self) -> dict[str, Any] | None:
-        """None: the spans start when the request reaches the engine."""
-        return None
+    measured_at_engine = True  # the spans start when the request reaches the engine
 
     def compare(self, requests: pd.DataFrame) -> list[Residual]:
         """Distribution figures (ms) of TTFT, E2E and queue, then the per-request residuals."""

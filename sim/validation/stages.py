@@ -52,8 +52,6 @@ MEASURED: dict[str, tuple[str, str]] = {
 _WHOLE = ("requests_sent", "completed", "failed", "client_max_outstanding", "num_system_prompts",
           "system_prompt_len", "output_len_cfg")  # fmt: skip
 _SUMMED = ("requests_sent", "completed", "failed")
-FRONTEND_WARM: dict[str, Any] = {"startup_ms": 0.0}
-"""The front end of a warm server (README: a saturation probe ran before the stages)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +83,6 @@ class StageCase(Case):
             "shared_prefix": {"tokens": system, "fraction": 1.0, "variants": int(row["num_system_prompts"])},
         }  # fmt: skip
 
-    def frontend(self) -> dict[str, Any] | None:
-        """The API server, warm."""
-        return dict(FRONTEND_WARM)
 
     def compare(self, requests: pd.DataFrame) -> list[Residual]:
         """TTFT and E2E statistics, derived TPOT and request rate, measured vs the replay's."""
