@@ -4,14 +4,19 @@
   (needs vLLM: ``pip install 'batchsim[parity]'``).
 * ``parity diff TRACE.json [...]``: batchsim's preset on the trace's arrivals, compared step by
   step (no vLLM needed); ``--report FILE`` writes the markdown.
-* ``parity run SCENARIO [...] --out DIR``: both, for every scenario named, writing
-  ``DIR/<vLLM version>.md`` and the recorded traces beside it.
+* ``parity run SCENARIO [...] --out DIR``: both, for every vLLM-preset policy of every scenario
+  named, writing ``DIR/<vLLM version>.md`` (``--traces DIR2``: the recorded traces too).
+
+``record`` and ``run`` give the scenario's vLLM-preset policies the preset of the installed vLLM
+(0.11.x: ``vllm-0.11``, 0.15.x: ``vllm-0.15``), so one scenario serves every version.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from sim.errors import UserError
 
 DEFAULT_OUT = Path("results") / "parity"
 
@@ -31,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="record and compare every scenario; write DIR/<vLLM version>.md")
     run.add_argument("files", nargs="+", help="scenario YAML files, each with one vLLM V1 preset policy")
     run.add_argument("--policy", default=None, help="the policy to compare (when a scenario has several)")
-    run.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default: {DEFAULT_OUT})")
+    run.add_argument("--out", default=str(DEFAULT_OUT), help=f"report folder (default: {DEFAULT_OUT})")
+    run.add_argument("--traces", default=None, help="also write the recorded traces into this folder")
     run.set_defaults(handler=cmd_run)
     p.set_defaults(handler=lambda args: p.error("choose an action: record, diff or run"))
 
@@ -44,12 +50,25 @@ def _scenario_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="override the scenario seed")
 
 
+def _preset_override(scenario_file: str, installed: str) -> list[str]:
+    """``--set`` lines that give every vLLM-preset policy of the scenario the installed version's preset."""
+    from sim.io.scenario import load_scenario
+    from sim.parity.vllm_driver import preset_for_version
+
+    preset = preset_for_version(installed)
+    if preset is None:  # a version the presets do not model: keep what the scenario says
+        return []
+    policies = load_scenario(scenario_file).policies
+    return [f"policies[{p.name}].preset={preset}" for p in policies if str(p.preset or "").startswith("vllm-")]
+
+
 def _record(file: str, policy: str | None, overrides: list[str], seed: int | None):  # noqa: ANN202
     from sim.cli import load_from_args
     from sim.parity.inputs import cost_model_for, inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm, record
 
-    import_vllm()  # say so before resolving anything when vLLM is missing
+    vllm = import_vllm()  # say so before resolving anything when vLLM is missing
+    overrides = _preset_override(file, vllm.__version__) + list(overrides)
     scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=seed))
     inputs = inputs_from_scenario(scenario, policy)
     return record(inputs.requests, inputs.deployment, inputs.scheduler, cost_model_for(inputs.deployment))
@@ -90,19 +109,27 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Record every scenario with the installed vLLM, compare, write DIR/<version>.md and the traces."""
+    """Record every vLLM-preset policy of every scenario with the installed vLLM, compare, write
+    DIR/<version>.md (and the traces, with --traces)."""
+    from sim.io.scenario import load_scenario
     from sim.parity.report import markdown, summary_lines
 
     out = Path(args.out)
     rows = []
     for file in args.files:
-        trace = _record(file, args.policy, [], None)
-        version = trace.engine["version"]
-        trace.write(out / f"{version}-{Path(file).stem}.json")
-        comparison = _compare(trace)
-        print("\n".join([f"{file}:", *summary_lines(trace, comparison)]))
-        rows.append((Path(file).stem, trace, comparison))
+        names = [p.name for p in load_scenario(file).policies if str(p.preset or "").startswith("vllm-")]
+        for name in [args.policy] if args.policy else names:
+            trace = _record(file, name, [], None)
+            label = f"{Path(file).stem} / {name}"
+            if args.traces:
+                trace.write(Path(args.traces) / f"vllm-{trace.engine['version']}-{Path(file).stem}-{name}.json")
+            comparison = _compare(trace)
+            print("\n".join([f"{label}:", *summary_lines(trace, comparison)]))
+            rows.append((label, trace, comparison))
+    if not rows:
+        raise UserError("no policy with a vLLM preset in the scenarios given", field="files")
     version = rows[0][1].engine["version"]
+    out.mkdir(parents=True, exist_ok=True)
     report = out / f"{version}.md"
     report.write_text(markdown(rows, "python -m sim parity run " + " ".join(args.files)))
     print(f"wrote {report}")

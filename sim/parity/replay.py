@@ -81,20 +81,24 @@ def replica_for(trace: ScheduleTrace, policy: Policy) -> ReplicaState:
     return ReplicaState(0, records, prompts, outputs, memory, int(sched["num_blocks"]), block_size)
 
 
-def replay(trace: ScheduleTrace, policy: Policy | None = None) -> list[Step]:
+def replay(trace: ScheduleTrace, policy: Policy | None = None, *, max_steps: int | None = None) -> list[Step]:
     """Run batchsim's scheduling on the trace's arrivals and return its steps.
 
     Args:
         trace: the recorded run (its requests, limits and per-step arrivals).
         policy: the policy to replay (default: the trace's preset as batchsim resolves it now).
+        max_steps: stop after this many steps, finished or not (default: when every request is done).
+
+    Raises:
+        RuntimeError: without ``max_steps``, requests still unfinished ``EXTRA_STEPS`` after the trace's end.
     """
     policy = policy if policy is not None else make_policy(preset_policy_config(trace))
     state = replica_for(trace, policy)
     total, done = len(trace.requests), 0
     steps: list[Step] = []
     index = 0
-    while done < total or index < len(trace.steps):
-        if index >= len(trace.steps) + EXTRA_STEPS:
+    while (done < total or index < len(trace.steps)) and (max_steps is None or index < max_steps):
+        if max_steps is None and index >= len(trace.steps) + EXTRA_STEPS:
             raise RuntimeError(f"batchsim did not finish {total - done} requests within {EXTRA_STEPS} extra steps")
         adds = trace.steps[index].add if index < len(trace.steps) else []
         for rid in adds:

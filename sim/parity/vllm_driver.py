@@ -28,6 +28,14 @@ from sim.parity.trace import Requests, ScheduleTrace, Step
 SUPPORTED = ("0.11.0", "0.15.1")
 """vLLM releases the driver is checked against (the ``parity`` extra pins them)."""
 
+PRESETS_BY_LINE = {"0.11": "vllm-0.11", "0.15": "vllm-0.15"}
+"""batchsim's preset for each vLLM release line the driver supports."""
+
+
+def preset_for_version(version: str) -> str | None:
+    """batchsim's preset for an installed vLLM version (None: a line no preset models)."""
+    return PRESETS_BY_LINE.get(".".join(version.split(".")[:2]))
+
 _VOCAB = 32000
 _EOS = 2
 _TINY_MODEL = {
@@ -79,7 +87,7 @@ def _make_scheduler(sched: dict[str, Any], max_model_len: int, model_dir: Path) 
         device_config=DeviceConfig(device="cpu"),
     )  # fmt: skip
     blocks = int(sched["num_blocks"]) + 1  # vLLM keeps one block back as its null block
-    spec = FullAttentionSpec(block_size, 1, 1, torch.float32, False)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(
         num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
