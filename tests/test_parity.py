@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import LinearCost
 
 from sim.errors import UserError
 from sim.parity.diff import compare, first_divergence, step_aspects
@@ -21,7 +22,6 @@ from sim.parity.trace import Requests, ScheduleTrace, Step, parse_trace, read_tr
 from sim.policies import IterationPlan, make_policy
 from sim.policies.base import admit_waiting
 from sim.policies.chunked_prefill import ChunkedPrefillPolicy
-from tests.fakes import LinearCost
 
 GOLDEN = Path(__file__).parent / "data" / "parity"
 NO_CACHE = GOLDEN / "vllm-0.11.0-small-no-cache.json"

@@ -36,6 +36,7 @@ def preset_for_version(version: str) -> str | None:
     """batchsim's preset for an installed vLLM version (None: a line no preset models)."""
     return PRESETS_BY_LINE.get(".".join(version.split(".")[:2]))
 
+
 _VOCAB = 32000
 _EOS = 2
 _TINY_MODEL = {
