@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rec = actions.add_parser("record", help="record vLLM's schedule of a scenario's requests (needs vLLM)")
     _scenario_options(rec)
     rec.add_argument("--out", required=True, help="trace file to write (JSON)")
+    lag_help = "drive vLLM's AsyncScheduler with a one-step output lag (default: as the preset)"
+    rec.add_argument("--async-scheduling", choices=("preset", "on", "off"), default="preset", help=lag_help)
     rec.set_defaults(handler=cmd_record)
     diff = actions.add_parser("diff", help="replay a recorded trace in batchsim and compare (no vLLM needed)")
     diff.add_argument("traces", nargs="+", help="trace files (JSON, format batchsim-parity/1)")
@@ -62,7 +64,7 @@ def _preset_override(scenario_file: str, installed: str) -> list[str]:
     return [f"policies[{p.name}].preset={preset}" for p in policies if str(p.preset or "").startswith("vllm-")]
 
 
-def _record(file: str, policy: str | None, overrides: list[str], seed: int | None):  # noqa: ANN202
+def _record(file: str, policy: str | None, overrides: list[str], seed: int | None, lag: str = "preset"):  # noqa: ANN202
     from sim.cli import load_from_args
     from sim.parity.inputs import cost_model_for, inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm, record
@@ -71,12 +73,14 @@ def _record(file: str, policy: str | None, overrides: list[str], seed: int | Non
     overrides = _preset_override(file, vllm.__version__) + list(overrides)
     scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=seed))
     inputs = inputs_from_scenario(scenario, policy)
+    if lag != "preset":
+        inputs.scheduler["async_scheduling"] = lag == "on"
     return record(inputs.requests, inputs.deployment, inputs.scheduler, cost_model_for(inputs.deployment))
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     """Record one trace."""
-    trace = _record(args.file, args.policy, args.overrides, args.seed)
+    trace = _record(args.file, args.policy, args.overrides, args.seed, args.async_scheduling)
     trace.write(Path(args.out))
     print(f"wrote {args.out}: vLLM {trace.engine['version']}, {len(trace.steps)} steps")
     return 0
@@ -108,6 +112,24 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recordings(file: str, name: str) -> list:  # noqa: ANN202 - ScheduleTrace, imported lazily
+    """The synchronous recording, and the async one too when the preset schedules asynchronously."""
+    synchronous = _record(file, name, [], None, "off")
+    if not _record_preset_async(file, name):
+        return [synchronous]
+    return [synchronous, _record(file, name, [], None, "on")]
+
+
+def _record_preset_async(file: str, name: str) -> bool:
+    from sim.cli import load_from_args
+    from sim.parity.inputs import inputs_from_scenario
+    from sim.parity.vllm_driver import import_vllm
+
+    overrides = _preset_override(file, import_vllm().__version__)
+    scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=None))
+    return bool(inputs_from_scenario(scenario, name).scheduler["async_scheduling"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Record every vLLM-preset policy of every scenario with the installed vLLM, compare, write
     DIR/<version>.md (and the traces, with --traces)."""
@@ -119,13 +141,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     for file in args.files:
         names = [p.name for p in load_scenario(file).policies if str(p.preset or "").startswith("vllm-")]
         for name in [args.policy] if args.policy else names:
-            trace = _record(file, name, [], None)
-            label = f"{Path(file).stem} / {name}"
-            if args.traces:
-                trace.write(Path(args.traces) / f"vllm-{trace.engine['version']}-{Path(file).stem}-{name}.json")
-            comparison = _compare(trace)
-            print("\n".join([f"{label}:", *summary_lines(trace, comparison)]))
-            rows.append((label, trace, comparison))
+            for trace in _recordings(file, name):
+                lagged = trace.scheduler.get("async_scheduling")
+                label = f"{Path(file).stem} / {name}" + (" / async scheduling" if lagged else "")
+                if args.traces:
+                    suffix = "-async" if lagged else ""
+                    stem = f"vllm-{trace.engine['version']}-{Path(file).stem}-{name}{suffix}"
+                    trace.write(Path(args.traces) / f"{stem}.json")
+                comparison = _compare(trace)
+                print("\n".join([f"{label}:", *summary_lines(trace, comparison)]))
+                rows.append((label, trace, comparison))
     if not rows:
         raise UserError("no policy with a vLLM preset in the scenarios given", field="files")
     version = rows[0][1].engine["version"]

@@ -55,6 +55,8 @@ def inputs_from_scenario(scenario: Any, policy_name: str | None = None) -> Parit
         "block_size": int(kv.block_size),
         "num_blocks": int(kv.num_blocks),
         "enable_prefix_caching": bool(prefix_caching_on(scenario, policy)),
+        # The preset's async scheduling (vllm-0.15: on) is its engine CPU model's overlap_step.
+        "async_scheduling": bool(getattr(getattr(policy, "engine_cpu", None), "overlap_step", False)),
     }
     return ParityInputs(requests, deployment, limits)
 

@@ -54,7 +54,8 @@ def _section(name: str, trace: ScheduleTrace, comparison: Comparison) -> list[st
         "",
         f"{len(req)} requests, {dep['model']} on {dep['gpu']} (preset `{dep['preset']}`): token budget "
         f"{sched['max_num_batched_tokens']}, {sched['max_num_seqs']} sequences, {sched['num_blocks']} KV blocks of "
-        f"{sched['block_size']} tokens, prefix caching {'on' if sched['enable_prefix_caching'] else 'off'}. "
+        f"{sched['block_size']} tokens, prefix caching {'on' if sched['enable_prefix_caching'] else 'off'}, "
+        f"{_mode(sched)}. "
         f"vLLM ran {len(trace.steps)} steps with {preempted} preemptions and {hits} prefix-cache hit tokens.",
         "",
         "| aspect | steps that agree |",
@@ -70,6 +71,12 @@ def _section(name: str, trace: ScheduleTrace, comparison: Comparison) -> list[st
     ref_s, can_s = comparison.makespan_s
     lines += ["", f"Makespan: {ref_s:.3f} s (vLLM schedule) vs {can_s:.3f} s (batchsim schedule).", ""]
     return lines
+
+
+def _mode(sched: dict) -> str:
+    if sched.get("async_scheduling"):
+        return "async scheduling (each step's output reaches the scheduler after the next step is scheduled)"
+    return "synchronous scheduling"
 
 
 def _divergence(first: Divergence | None) -> list[str]:

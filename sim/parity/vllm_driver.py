@@ -93,7 +93,10 @@ def _make_scheduler(sched: dict[str, Any], max_model_len: int, model_dir: Path) 
         num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     cache_config.num_gpu_blocks = blocks
-    return Scheduler(
+    scheduler_class = Scheduler
+    if sched.get("async_scheduling"):
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_class
+    return scheduler_class(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config, log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config), **_scheduler_kwargs(Scheduler, block_size),
     )  # fmt: skip
@@ -163,16 +166,31 @@ def _make_requests(requests: Requests, block_size: int) -> list[Any]:
     return made
 
 
-def _fake_output(scheduler_output: Any, scheduler: Any) -> Any:
-    """One sampled token per request whose tokens are all computed after this step; none for a partial prefill."""
+def _placeholders(scheduler: Any) -> dict[str, int]:
+    """Output placeholders per request (the async scheduler's tokens in flight; 0 when synchronous)."""
+    return {rid: getattr(r, "num_output_placeholders", 0) for rid, r in scheduler.requests.items()}
+
+
+def _fake_output(scheduler_output: Any, scheduler: Any, placeholders_before: dict[str, int]) -> Any:
+    """One sampled token per request whose tokens are all computed after this step; none for a partial prefill.
+
+    Called right after ``schedule()``. The async scheduler marks a request that will sample with one more
+    output placeholder (``AsyncScheduler._update_after_schedule``); the synchronous one has computed
+    all its tokens.
+    """
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
     sampled = []
     for req_id in ids:
         request = scheduler.requests[req_id]
-        done = request.num_computed_tokens >= request.num_tokens
-        sampled.append([10 + (int(req_id) * 7919 + request.num_output_tokens) % (_VOCAB - 10)] if done else [])
+        placeholders = getattr(request, "num_output_placeholders", 0)
+        if placeholders or placeholders_before.get(req_id, 0):
+            samples = placeholders > placeholders_before.get(req_id, 0)
+        else:
+            samples = request.num_computed_tokens >= request.num_tokens
+        token = 10 + (int(req_id) * 7919 + request.num_output_tokens + placeholders) % (_VOCAB - 10)
+        sampled.append([token] if samples else [])
     return ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
         logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
@@ -213,6 +231,46 @@ def _resumed_flags(cached: Any) -> list[bool]:
     return [rid in resumed for rid in cached.req_ids]
 
 
+def _drive(scheduler: Any, made: list[Any], requests: Requests, cost_model: Any, lagged: bool) -> list[Step]:
+    """Step the scheduler to the end of the stream; with ``lagged`` (async scheduling) each step's output
+    reaches the scheduler after the next step is scheduled, as ``EngineCore.step_with_batch_queue`` does
+    with a batch queue of 2 while the GPU is the bottleneck."""
+    walker = StepWalker(requests)
+    steps: list[Step] = []
+    pending: tuple[Any, Any] | None = None
+    add: list[int] = []
+    clock, sent, order = 0.0, 0, sorted(range(len(made)), key=lambda r: (requests.arrival_s[r], r))
+    while sent < len(made) or scheduler.get_num_unfinished_requests() or pending:
+        if not scheduler.get_num_unfinished_requests() and pending is None:
+            clock = max(clock, requests.arrival_s[order[sent]])
+        while sent < len(made) and requests.arrival_s[order[sent]] <= clock:
+            scheduler.add_request(made[order[sent]])
+            add.append(order[sent])
+            sent += 1
+        done = None
+        if scheduler.get_num_unfinished_requests():
+            before, running_before = _placeholders(scheduler), [r.request_id for r in scheduler.running]
+            output = scheduler.schedule()
+            done = (output, _fake_output(output, scheduler, before))
+            if output.total_num_scheduled_tokens:  # an empty step runs nothing: its arrivals go to the next
+                steps.append(_record_step(output, scheduler, add, running_before))
+                add = []
+                clock += cost_model.time_from_totals_s(*walker.walk(steps[-1]).totals)
+            elif pending is None:  # nothing in flight either: only an arrival can unblock it
+                if sent == len(made):
+                    raise RuntimeError(f"vLLM scheduled nothing with {len(scheduler.running)} requests running")
+                clock = max(clock, requests.arrival_s[order[sent]])
+        if pending is not None:
+            scheduler.update_from_output(*pending)
+            pending = None
+        if done is not None:
+            if lagged:
+                pending = done
+            else:
+                scheduler.update_from_output(*done)
+    return steps
+
+
 def record(
     requests: Requests, deployment: dict[str, Any], scheduler_limits: dict[str, Any], cost_model: Any
 ) -> ScheduleTrace:
@@ -221,7 +279,8 @@ def record(
     Args:
         requests: the stream (arrivals, lengths, content keys).
         deployment: preset, model, GPU, tensor parallel, max_model_len (see :mod:`sim.parity.trace`).
-        scheduler_limits: max_num_batched_tokens, max_num_seqs, block_size, num_blocks, enable_prefix_caching.
+        scheduler_limits: max_num_batched_tokens, max_num_seqs, block_size, num_blocks, enable_prefix_caching,
+            and optionally async_scheduling (default false: each step's output before the next step).
         cost_model: prices each step to advance the clock (``time_from_totals_s``).
     """
     vllm = import_vllm()
@@ -230,21 +289,6 @@ def record(
         (Path(model_dir) / "config.json").write_text(json.dumps(_TINY_MODEL))
         scheduler = _make_scheduler(scheduler_limits, int(deployment["max_model_len"]), Path(model_dir))
     made = _make_requests(requests, block_size)
-    walker = StepWalker(requests)
-    steps: list[Step] = []
-    clock, sent, order = 0.0, 0, sorted(range(len(made)), key=lambda r: (requests.arrival_s[r], r))
-    while sent < len(made) or scheduler.get_num_unfinished_requests():
-        if not scheduler.get_num_unfinished_requests():
-            clock = max(clock, requests.arrival_s[order[sent]])
-        add = []
-        while sent < len(made) and requests.arrival_s[order[sent]] <= clock:
-            scheduler.add_request(made[order[sent]])
-            add.append(order[sent])
-            sent += 1
-        running_before = [r.request_id for r in scheduler.running]
-        output = scheduler.schedule()
-        steps.append(_record_step(output, scheduler, add, running_before))
-        scheduler.update_from_output(output, _fake_output(output, scheduler))
-        clock += cost_model.time_from_totals_s(*walker.walk(steps[-1]).totals)
+    steps = _drive(scheduler, made, requests, cost_model, bool(scheduler_limits.get("async_scheduling")))
     engine = {"name": "vllm", "version": str(vllm.__version__)}
     return ScheduleTrace(engine, dict(deployment), dict(scheduler_limits), requests, steps)
