@@ -1,8 +1,9 @@
 """Scheduler parity without vLLM: batchsim's replay of recorded vLLM schedules (tests/data/parity/).
 
-The golden files were recorded from vLLM's own V1 scheduler (``python -m sim parity run
-scenarios/parity/small.yaml --traces tests/data/parity`` with vLLM 0.11.0 and 0.15.1 installed);
-here batchsim's vLLM presets replay them step by step and the diff is checked exactly.
+The golden files were recorded from vLLM's own V1 scheduler, synchronously (``python -m sim parity
+run scenarios/parity/small.yaml --traces DIR`` with vLLM 0.11.0, then 0.15.1, installed; the
+synchronous traces copied here); batchsim's vLLM presets replay them step by step and the diff is
+checked exactly.
 """
 
 from __future__ import annotations
@@ -178,3 +179,37 @@ def test_schedule_trace_needs_no_vllm():
 
     assert "vllm" not in sys.modules  # the replay and the diff above ran without importing it
     assert isinstance(read_trace(NO_CACHE), ScheduleTrace)
+
+
+def test_record_without_vllm_says_how_to_install_it(capsys):
+    import importlib.util
+
+    from sim.cli import main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    assert main(["parity", "record", "scenarios/parity/small.yaml", "--out", "unused.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "batchsim[parity]" in err[0] and not Path("unused.json").exists()
+
+
+def test_parity_inputs_need_a_vllm_v1_preset():
+    from sim.io.scenario import load_scenario
+    from sim.parity.inputs import inputs_from_scenario
+
+    with pytest.raises(UserError, match="vLLM V1 preset"):
+        inputs_from_scenario(load_scenario("scenarios/quickstart.yaml"), "sarathi")
+    with pytest.raises(UserError, match="name one with --policy"):
+        inputs_from_scenario(load_scenario("scenarios/parity/small.yaml"))
+
+
+def test_parity_inputs_of_the_golden_scenario_are_the_golden_files():
+    """The committed traces were recorded from scenarios/parity/small.yaml as it is now."""
+    from sim.io.scenario import load_scenario
+    from sim.parity.inputs import inputs_from_scenario
+
+    inputs = inputs_from_scenario(load_scenario("scenarios/parity/small.yaml"), "no-cache")
+    trace = read_trace(NO_CACHE)
+    assert inputs.requests == trace.requests
+    assert {k: inputs.scheduler[k] for k in trace.scheduler} == trace.scheduler
+    assert inputs.deployment == trace.deployment

@@ -1,16 +1,17 @@
 """The recorded-schedule format: one JSON file per run of a scheduler on a request stream.
 
 A trace says what went in (the deployment, the scheduler's limits, the requests) and what the
-scheduler did at every step. Any vLLM user can record one from their own server with a few
-lines around ``EngineCore.step`` (docs/validation.md shows them); ``python -m sim parity
-record`` records one from vLLM's real scheduler on the CPU. Format ``batchsim-parity/1``::
+scheduler did at every step. ``python -m sim parity record`` records one from vLLM's real
+scheduler on the CPU; any scheduler that reports these fields per step can write one
+(:func:`sim.parity.vllm_driver.record_step` reads them off vLLM's after each ``schedule()``).
+Format ``batchsim-parity/1``::
 
     {"format": "batchsim-parity/1",
      "engine": {"name": "vllm", "version": "0.11.0"},
      "deployment": {"preset": "vllm-0.11", "model": "llama-3-8b", "gpu": "a100-80gb",
                     "tensor_parallel": 1, "max_model_len": 8192},
      "scheduler": {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16,
-                   "num_blocks": 400, "enable_prefix_caching": true},
+                   "num_blocks": 400, "enable_prefix_caching": true, "async_scheduling": false},
      "requests": {"arrival_s": [...], "prompt_tokens": [...], "output_tokens": [...],
                   "block_keys": [[...], ...] or null},
      "steps": [{"add": [ids], "run": [id, tokens, id, tokens, ...], "preempt": [ids],

@@ -203,7 +203,7 @@ def _preempted() -> Any:
     return RequestStatus.PREEMPTED
 
 
-def _record_step(scheduler_output: Any, scheduler: Any, add: list[int], running_before: list[str]) -> Step:
+def record_step(scheduler_output: Any, scheduler: Any, add: list[int], running_before: list[str]) -> Step:
     """What ``schedule()`` just did: in vLLM's order, running requests first, then resumed and new ones;
     the victims in the order it preempted them (from the tail of its running list)."""
     counts = scheduler_output.num_scheduled_tokens
@@ -253,7 +253,7 @@ def _drive(scheduler: Any, made: list[Any], requests: Requests, cost_model: Any,
             output = scheduler.schedule()
             done = (output, _fake_output(output, scheduler, before))
             if output.total_num_scheduled_tokens:  # an empty step runs nothing: its arrivals go to the next
-                steps.append(_record_step(output, scheduler, add, running_before))
+                steps.append(record_step(output, scheduler, add, running_before))
                 add = []
                 clock += cost_model.time_from_totals_s(*walker.walk(steps[-1]).totals)
             elif pending is None:  # nothing in flight either: only an arrival can unblock it
