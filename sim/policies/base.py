@@ -235,13 +235,14 @@ def preempt_until(
     plan: IterationPlan,
     fits: Callable[[], bool],
     requester: int | None = None,
-    order: Iterable[int] | None = None,
+    order: Callable[[], Iterable[int]] | None = None,
 ) -> bool:
     """Preempt running requests, most recently arrived first, until ``fits()`` says yes.
 
     Victims are appended to ``plan.preempt`` and released in the ledger. If the victim
     is the ``requester`` itself, stop: it has been preempted and gets nothing.
-    ``order`` replaces the preemption order (running ids, first victim first).
+    ``order``, if given, returns the preemption order instead (running ids, first victim first);
+    it is called only when someone must go.
 
     Returns:
         Whether ``fits()`` finally said yes (False: no victim left, or the requester went).
@@ -249,7 +250,7 @@ def preempt_until(
     if fits():
         return True
     chosen = set(plan.preempt)
-    ranked = view.running_newest_first() if order is None else order
+    ranked = view.running_newest_first() if order is None else order()
     victims: Iterable[int] = (rid for rid in ranked if rid not in chosen)
     for victim in victims:
         view.kv.release(victim)

@@ -25,6 +25,7 @@ the step-by-step parity harness (:mod:`sim.parity`) found the Sarathi rules abov
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import partial
 from itertools import count
 from typing import Literal
@@ -95,7 +96,7 @@ class ChunkedPrefillPolicy(Policy):
     def schedule(self, view: SchedulerView) -> IterationPlan:
         """Decodes first, then chunks for running, then for waiting requests, within the budget."""
         plan = IterationPlan()
-        order = self._victims(view) if self.v1 else None
+        order = partial(self._victims, view) if self.v1 else None  # built only if someone must be preempted
         if view.decoding_count:
             preempt_until(view, plan, view.kv.try_decode_step, order=order)
         decodes = decoders_left(view, plan)
@@ -118,7 +119,7 @@ class ChunkedPrefillPolicy(Policy):
                 keep_free_fraction=self._watermark(view),
             )
             if self.v1:
-                self._started.update((rid, next(self._ticks)) for rid, _ in plan.prefill[joined:])
+                self._record_starts(view, plan.prefill[joined:])
         if self.v1 and plan.preempt:
             for rid in plan.preempt:
                 self._started.pop(rid, None)
@@ -128,20 +129,28 @@ class ChunkedPrefillPolicy(Policy):
         """V0's 1% admission watermark; none in V1 (``allocate_slots`` at v0.11.0 checks free blocks only)."""
         return 0.0 if self.v1 else watermark(view)
 
+    def _record_starts(self, view: SchedulerView, joiners: list[tuple[int, int]]) -> None:
+        """Remember the order requests start in; forget those that left once they outnumber the running ones."""
+        started = self._started
+        started.update((rid, next(self._ticks)) for rid, _ in joiners)
+        if len(started) > 2 * (view.running_count + len(joiners)) + 64:
+            running = set(view.running_newest_first()) | {rid for rid, _ in joiners}
+            self._started = {rid: tick for rid, tick in started.items() if rid in running}
+
     def _victims(self, view: SchedulerView) -> list[int]:
         """Running requests, the most recently started or resumed first (V1's ``self.running.pop()`` order).
 
-        Requests this policy never started (none in a plain run) count as the oldest. Entries of
-        requests that left are dropped once they outnumber the running ones.
+        Requests this policy never started (none in a plain run) count as the oldest.
         """
         started = self._started
-        running = list(view.running_newest_first())
-        if len(started) > 2 * len(running) + 64:
-            self._started = started = {rid: started[rid] for rid in running if rid in started}
-        return sorted(running, key=lambda rid: started.get(rid, -1), reverse=True)
+        return sorted(view.running_newest_first(), key=lambda rid: started.get(rid, -1), reverse=True)
 
     def _continue_prefills(
-        self, view: SchedulerView, plan: IterationPlan, budget: int, order: list[int] | None = None
+        self,
+        view: SchedulerView,
+        plan: IterationPlan,
+        budget: int,
+        order: Callable[[], Iterable[int]] | None = None,
     ) -> int:
         for rid in view.prefilling_ids():
             if budget <= 0:
