@@ -178,7 +178,7 @@ def vllm_0_11_0(gpu: str, memory_gib: float, max_model_len: int, given: Mapping[
         )
     tokens, seqs = _v1_budget(gpu, memory_gib, given, max_model_len, cap_by_context=False)
     return {"kind": "chunked_prefill", "chunk_size": tokens, "max_batch_size": seqs, "allocate": "chunk",
-            "prefix_caching": True, "gpu_memory_utilization": 0.9, "engine_cpu": VLLM_V1_CPU,
+            "scheduling": "vllm-v1", "prefix_caching": True, "gpu_memory_utilization": 0.9, "engine_cpu": VLLM_V1_CPU,
             "frontend": V1_FRONTEND,
             "cuda_graphs": {"capture_sizes": v1_capture_sizes_0110(seqs, tokens), "batches": "all"}}  # fmt: skip
 
@@ -196,7 +196,7 @@ def vllm_0_15_1(gpu: str, memory_gib: float, max_model_len: int, given: Mapping[
     overlap = method not in SPEC_WITHOUT_ASYNC
     sizes = v1_capture_sizes_0151(seqs, tokens, 1 + gamma)
     return {"kind": "chunked_prefill", "chunk_size": tokens, "max_batch_size": seqs, "allocate": "chunk",
-            "prefix_caching": True, "gpu_memory_utilization": 0.9,
+            "scheduling": "vllm-v1", "prefix_caching": True, "gpu_memory_utilization": 0.9,
             "engine_cpu": dict(VLLM_V1_CPU, overlap_step=overlap), "frontend": V1_FRONTEND,
             "cuda_graphs": {"capture_sizes": sizes, "batches": "all"}}  # fmt: skip
 
@@ -327,6 +327,13 @@ SOURCES_0_11_0: dict[str, str] = {
         "v0.11.0",
         "blocks allocated for the tokens scheduled in each step (KVCacheManager.allocate_slots)",
     ),
+    "scheduling": _at(
+        "vllm/v1/core/sched/scheduler.py",
+        "v0.11.0",
+        "Scheduler.schedule: no admission watermark (vllm/v1/core/kv_cache_manager.py allocate_slots checks "
+        "get_num_free_blocks only), no WAITING request started in a step that preempted ('if not "
+        "preempted_reqs'), victims popped from the end of self.running (most recently started or resumed)",
+    ),
     "prefix_caching": _at(
         "vllm/engine/arg_utils.py",
         "v0.11.0",
@@ -369,6 +376,13 @@ SOURCES_0_15_1: dict[str, str] = {
         "vllm/v1/core/sched/scheduler.py",
         "v0.15.1",
         "blocks allocated for the tokens scheduled in each step (KVCacheManager.allocate_slots)",
+    ),
+    "scheduling": _at(
+        "vllm/v1/core/sched/scheduler.py",
+        "v0.15.1",
+        "Scheduler.schedule: no admission watermark (vllm/v1/core/kv_cache_manager.py allocate_slots checks "
+        "get_num_free_blocks only), no WAITING request started in a step that preempted ('if not "
+        "preempted_reqs'), victims popped from the end of self.running (most recently started or resumed)",
     ),
     "prefix_caching": _at(
         "vllm/config/cache.py", "v0.15.1", "CacheConfig.enable_prefix_caching = True; full blocks only"

@@ -44,7 +44,8 @@ class Hop:
         return 1e-4 + 1e-6 * tokens
 
 
-def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1, allocate: str = "chunk"):
+def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1, allocate: str = "chunk",
+            scheduling: str = "sarathi"):
     if kind == "static":
         return StaticPolicyConfig(
             name=kind, max_batch_size=mbs, max_wait_s=knob / 100, pad_finished=pad
@@ -55,7 +56,9 @@ def _policy(kind: str, mbs: int, knob: int, pad: bool, steps: int = 1, allocate:
         return PagedPolicyConfig(
             name=kind, max_batch_size=mbs, max_num_batched_tokens=knob, num_scheduler_steps=steps
         )
-    return ChunkedPrefillPolicyConfig(name=kind, max_batch_size=mbs, chunk_size=knob, allocate=allocate)
+    return ChunkedPrefillPolicyConfig(
+        name=kind, max_batch_size=mbs, chunk_size=knob, allocate=allocate, scheduling=scheduling
+    )
 
 
 @st.composite
@@ -72,7 +75,10 @@ def runs(draw):
     kind = draw(st.sampled_from(["static", "continuous", "paged", "chunked_prefill"]))
     steps = draw(st.one_of(st.just(1), st.integers(2, 12)))
     allocate = draw(st.sampled_from(["chunk", "prompt"]))
-    policy = _policy(kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()), steps, allocate)
+    scheduling = draw(st.sampled_from(["sarathi", "vllm-v1"]))  # the vLLM V1 presets' rules too
+    policy = _policy(
+        kind, draw(st.integers(1, 12)), draw(st.integers(1, 120)), draw(st.booleans()), steps, allocate, scheduling
+    )
     block_size = draw(st.sampled_from([1, 4, 16]))
     # From the least KV that lets every request run alone (tight: preemption) upwards.
     if kind in ("paged", "chunked_prefill"):

@@ -59,8 +59,10 @@ def paged(mbs=8, budget=4096, steps=1):
     )
 
 
-def chunked(mbs=8, chunk=64):
-    return make_policy(ChunkedPrefillPolicyConfig(name="cp", max_batch_size=mbs, chunk_size=chunk))
+def chunked(mbs=8, chunk=64, scheduling="sarathi"):
+    return make_policy(
+        ChunkedPrefillPolicyConfig(name="cp", max_batch_size=mbs, chunk_size=chunk, scheduling=scheduling)
+    )
 
 
 def static(mbs=4, wait=0.0, pad=True):
@@ -307,6 +309,32 @@ def test_chunked_preempts_a_newer_request_for_an_older_requests_chunk():
     # Request 0's next 7 tokens need 2 blocks, 1 is free: the newer request 1 goes.
     assert plan.preempt == [1] and plan.prefill == [(0, 7)]
     assert not plan.decode  # its only decoder was preempted
+
+
+def test_chunked_vllm_v1_preempts_the_request_started_last_not_the_latest_arrival():
+    # The case above under vLLM V1's rules: the victim is popped from the end of the running list,
+    # where request 0 went when it started (after request 1), so request 0 preempts itself
+    # (vllm/v1/core/sched/scheduler.py at v0.11.0: `self.running.pop()`, `preempted_req == request`).
+    state = make_state([24, 4], [3, 20], kv_blocks=6, block_size=4)
+    policy = chunked(chunk=8, scheduling="vllm-v1")
+    enqueue(state, [1, 0])
+    step(state, policy)
+    step(state, policy, now=1.0)
+    plan = policy.schedule(state.view(2.0))
+    assert plan.preempt == [0] and plan.prefill == [] and plan.decode
+
+
+@pytest.mark.parametrize(("rules", "admitted"), [("sarathi", False), ("vllm-v1", True)])
+def test_chunked_watermark_only_under_the_sarathi_rules(rules, admitted):
+    # 200 blocks: V0's watermark keeps int(1% x 200) = 2 free. Request 1's prompt takes 198 blocks and
+    # request 0's decode one more, leaving none: V1 admits it (allocate_slots checks free blocks only).
+    state = make_state([16, 198 * 16], [10, 2], kv_blocks=200)
+    policy = chunked(chunk=4096, scheduling=rules)
+    enqueue(state, [0])
+    step(state, policy)
+    enqueue(state, [1], now=1.0)
+    plan = policy.schedule(state.view(1.0))
+    assert plan.decode and (plan.prefill == [(1, 198 * 16)]) is admitted
 
 
 def test_chunked_requester_that_is_newest_preempts_itself():

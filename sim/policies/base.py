@@ -235,11 +235,14 @@ def preempt_until(
     plan: IterationPlan,
     fits: Callable[[], bool],
     requester: int | None = None,
+    order: Callable[[], Iterable[int]] | None = None,
 ) -> bool:
     """Preempt running requests, most recently arrived first, until ``fits()`` says yes.
 
     Victims are appended to ``plan.preempt`` and released in the ledger. If the victim
     is the ``requester`` itself, stop: it has been preempted and gets nothing.
+    ``order``, if given, returns the preemption order instead (running ids, first victim first);
+    it is called only when someone must go.
 
     Returns:
         Whether ``fits()`` finally said yes (False: no victim left, or the requester went).
@@ -247,7 +250,8 @@ def preempt_until(
     if fits():
         return True
     chosen = set(plan.preempt)
-    victims: Iterable[int] = (rid for rid in view.running_newest_first() if rid not in chosen)
+    ranked = view.running_newest_first() if order is None else order()
+    victims: Iterable[int] = (rid for rid in ranked if rid not in chosen)
     for victim in victims:
         view.kv.release(victim)
         plan.preempt.append(victim)
