@@ -27,6 +27,7 @@ from sim.resolve import ResolvedScenario, frontend_of, prefix_caching_on
 from sim.serving.disagg import DisaggEngine, PoolSpec
 from sim.serving.engine import ProgressCallback, SimOutput
 from sim.serving.kv_link import TransferModel
+from sim.serving.pricing import all_reduce_seconds
 from sim.serving.setup import ReplicaSetup
 
 
@@ -226,6 +227,8 @@ def _all_reduce_by_pool(resolved: ResolvedScenario, config: DisaggregationConfig
 
     def price(tokens: np.ndarray, pieces: np.ndarray, replicas: np.ndarray) -> np.ndarray:
         in_decode = replicas >= config.prefill.replicas
-        return np.where(in_decode, decode.all_reduce_s(tokens, pieces), prefill.all_reduce_s(tokens, pieces))
+        return np.where(
+            in_decode, all_reduce_seconds(decode, tokens, pieces), all_reduce_seconds(prefill, tokens, pieces)
+        )
 
     return price

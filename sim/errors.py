@@ -64,7 +64,7 @@ def shown(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     long string or a container is never formatted whole (a 5 MB name, a list with shared items).
     """
     if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        value = value.item()  # type: ignore[union-attr]
+        value = value.item()
     if isinstance(value, str):
         return cut(repr(value[: limit + 1]), limit)
     try:

@@ -152,7 +152,8 @@ def parse_trace(data: Any, where: str = "trace") -> ScheduleTrace:
     if not isinstance(steps, list):
         raise UserError(f"{where}: steps = {cut(repr(steps), 80)}: expected a list of steps", field="trace")
     parsed = [_parse_step(step, i, len(requests), where) for i, step in enumerate(steps)]
-    engine = data.get("engine") if isinstance(data.get("engine"), dict) else {}
+    raw_engine = data.get("engine")
+    engine: dict[str, str] = raw_engine if isinstance(raw_engine, dict) else {}
     return ScheduleTrace(engine, data["deployment"], data["scheduler"], requests, parsed)
 
 

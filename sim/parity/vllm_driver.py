@@ -93,9 +93,11 @@ def _make_scheduler(sched: dict[str, Any], max_model_len: int, model_dir: Path) 
         num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     cache_config.num_gpu_blocks = blocks
-    scheduler_class = Scheduler
+    scheduler_class: Any = Scheduler
     if sched.get("async_scheduling"):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_class
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        scheduler_class = AsyncScheduler
     return scheduler_class(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config, log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config), **_scheduler_kwargs(Scheduler, block_size),
@@ -227,7 +229,7 @@ def _resumed_flags(cached: Any) -> list[bool]:
     flags = getattr(cached, "resumed_from_preemption", None)
     if flags is not None:
         return list(flags)
-    resumed = getattr(cached, "resumed_req_ids", set())  # 0.15: a set of ids
+    resumed: set[str] = getattr(cached, "resumed_req_ids", set())  # 0.15: a set of ids
     return [rid in resumed for rid in cached.req_ids]
 
 

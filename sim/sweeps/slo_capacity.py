@@ -282,11 +282,11 @@ class CapacitySpec:
             if point in skipped:
                 rows += [{**overrides, **self._unservable_row(name, skipped[point])} for name in self.policies]
                 continue
-            found = {
-                name: outcomes[(point, name)].rate_rps
-                for name in self.policies
-                if outcomes[(point, name)].rate_rps is not None
-            }
+            found: dict[str, float] = {}
+            for name in self.policies:
+                rate = outcomes[(point, name)].rate_rps
+                if rate is not None:
+                    found[name] = rate
             best = max(found.items(), key=lambda item: item[1], default=None)
             rows += [{**overrides, **self._row((point, name), outcomes[(point, name)], runs, best)}
                      for name in self.policies]  # fmt: skip

@@ -119,7 +119,7 @@ def load_stages(path: Path) -> list[StageCase]:
     total = labels.str.lower() == "all"
     stages = ~total.to_numpy()
     numbers = _numbers(frame, path, stages)
-    cases = [_stage_case(frame, path, numbers, row) for row in np.flatnonzero(stages)]
+    cases = [_stage_case(frame, path, numbers, int(row)) for row in np.flatnonzero(stages)]
     if not cases:
         raise UserError(f"{path}: no stage rows (only 'all')")
     _check_sums(frame, path, numbers, stages, np.flatnonzero(total.to_numpy()))
