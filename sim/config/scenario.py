@@ -97,7 +97,19 @@ class Scenario(StrictModel):
     metrics: MetricsConfig = Field(default=MetricsConfig(), description="Warm-up and record keeping.")
     engine: EngineConfig = Field(default=EngineConfig(), description="Simulator speed options (results never change).")
     gpu_hour_usd: Float | None = Field(
-        None, gt=0, le=1e6, description="Price of one GPU-hour, for requests per dollar."
+        None,
+        gt=0,
+        le=1e6,
+        description="Price of one GPU-hour in USD, for requests per dollar and USD per million tokens (default: "
+        "the catalog's price of each GPU, python -m sim list gpus; docs/cost.md).",
+    )
+    input_price_ratio: Float = Field(
+        0.0,
+        ge=0,
+        le=1e3,
+        description="What one prompt token costs in output tokens when the GPU bill is split into usd_per_mtok "
+        "(output) and usd_per_mtok_input, e.g. 0.25 for input priced at a quarter of output (default 0: the bill "
+        "is on output tokens).",
     )
     disaggregation: DisaggregationConfig | None = Field(
         None,
