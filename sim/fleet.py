@@ -2,8 +2,9 @@
 
 A colocated deployment is one pool (every replica of the scenario); a disaggregated one is a
 prefill and a decode pool (:func:`sim.disaggregation.disaggregated_pools`). A GPU's price is the
-scenario's ``gpu_hour_usd`` when set, else the catalog's (``GPUSpec.usd_per_hour``, sources in
-:data:`sim.hardware.power.SOURCES`); NaN when neither is known.
+scenario's ``gpu_hour_usd`` when set (one number for all, or a price per GPU type), else the
+catalog's (``GPUSpec.usd_per_hour``, sources in :data:`sim.hardware.power.SOURCES`); NaN when
+neither is known.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ if TYPE_CHECKING:
 
 
 def gpu_price(scenario: Scenario, gpu: GPUSpec) -> float:
-    """USD per hour of one ``gpu``: the scenario's ``gpu_hour_usd``, else the catalog price, else NaN."""
-    if scenario.gpu_hour_usd is not None:
-        return float(scenario.gpu_hour_usd)
+    """USD per hour of one ``gpu``: the scenario's ``gpu_hour_usd`` (one number for every GPU, or this
+    GPU type's entry), else the catalog price, else NaN."""
+    price = scenario.gpu_hour_usd
+    if isinstance(price, dict):
+        price = price.get(gpu.name)
+    if price is not None:
+        return float(price)
     return gpu.usd_per_hour if gpu.usd_per_hour > 0 else math.nan
 
 

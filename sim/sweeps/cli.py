@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.errors import UserError
 from sim.sweeps.backends import BACKENDS
 
 # Defined in cli_common (split_cli needs them too and must not import this module back);
@@ -186,7 +187,9 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate-high", type=float, default=None, help="a rate expected to fail it (req/s)"
     )
-    p.add_argument("--out", default=None, help="output folder (default: results/<name>-capacity/)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default: results/<name>-capacity/, with --cheapest -cheapest/)"
+    )
     p.add_argument(
         "--split-gpus",
         type=int,
@@ -194,6 +197,9 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="search the prefill:decode split of N GPUs of the scenario's disaggregation block (writes split.csv/.md)",
     )
+    from sim.sweeps.cheapest_cli import add_arguments
+
+    add_arguments(p)
     p.set_defaults(handler=cmd_capacity)
 
 
@@ -204,12 +210,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.sweeps.slo_capacity import capacity
 
     scenario, seeds = _load(args)
-    out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
+    suffix = "cheapest" if args.cheapest else "capacity"
+    out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-{suffix}"
     check_output_dir(out)  # a search can take minutes: say so before it starts, not after
+    if args.split_gpus is not None and args.cheapest:
+        raise UserError("--split-gpus and --cheapest are two searches: give one", field="cheapest")
     if args.split_gpus is not None:
         from sim.sweeps.split_cli import run_split_search
 
         return run_split_search(args, scenario, seeds, out)
+    if args.cheapest:
+        from sim.sweeps.cheapest_cli import run_cheapest
+
+        return run_cheapest(args, scenario, seeds, out)
     try:
         with sigterm_as_interrupt() as seen:
             report = capacity(
