@@ -130,7 +130,7 @@ def cheapest_fleet(
     policies: Sequence[str] | None = None,
     max_gpus: int = DEFAULT_MAX_GPUS,
     attainment: float | None = None,
-    seeds: Sequence[int] | int = (0,),
+    seeds: Sequence[int] | int | None = None,
     workers: int | None = 1,
     backend: str = "local",
     address: str | None = None,
@@ -147,7 +147,8 @@ def cheapest_fleet(
         tensor_parallel: degrees to try (one that does not divide the model's heads is reported, not run).
         policies: policy names (or the disaggregation block's name) to size (default: all).
         max_gpus: no fleet above this many GPUs is run.
-        attainment, seeds, workers, backend, address, progress: as for ``capacity``.
+        attainment, workers, backend, address, progress: as for ``capacity``.
+        seeds: seeds per fleet (an int N: 0..N-1; default: the scenario's own seed, as ``run`` uses).
         point_fn: ``(scenario, policies) -> summary`` (tests inject a cheaper one).
 
     Returns:
@@ -158,7 +159,7 @@ def cheapest_fleet(
     """
     started = time.perf_counter()
     base = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    spec = _spec(base, slo, attainment, seeds)
+    spec = _spec(base, slo, attainment, [base.seed] if seeds is None else seeds)
     configs = _configs(base, _gpus(base, gpus), _degrees(tensor_parallel), _policies(base, policies))
     if not isinstance(max_gpus, int) or max_gpus < 1:
         raise UserError(f"max_gpus = {max_gpus!r}: must be a positive number of GPUs", field="max_gpus")

@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pandas and matplotlib only when a search runs: `capacity --help` stays cheap
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from sim.config import Scenario
