@@ -125,3 +125,18 @@ def test_a_degree_the_model_cannot_use_is_reported_not_fatal() -> None:
     found = cheapest_fleet(Scenario(**TINY), SLO, gpus=["a100-80gb"], tensor_parallel=[1, 3], max_gpus=8)
     notes = found.configs.set_index("tensor_parallel")["note"]
     assert "tensor_parallel" in notes[3] and found.best is not None and found.best["tensor_parallel"] == 1
+
+
+def test_the_cost_span_prunes_only_fleets_that_cannot_be_within_it() -> None:
+    scenario = Scenario(**TINY)
+    kwargs = {"gpus": ["a100-80gb", "a40"], "tensor_parallel": [1, 2], "max_gpus": 16}
+    pruned = cheapest_fleet(scenario, SLO, cost_span=1.2, **kwargs)
+    full = cheapest_fleet(scenario, SLO, cost_span=0, **kwargs)
+    assert pruned.best["fleet"] == full.best["fleet"]
+    assert len(pruned.runs) < len(full.runs)  # the span saved runs
+    cheapest = full.best["fleet_usd_per_hour"]
+    for (_, kept), (_, every) in zip(pruned.configs.iterrows(), full.configs.iterrows(), strict=True):
+        if kept["note"].startswith("given up"):  # its smallest meeting fleet lies beyond the span
+            assert not every["fleet_usd_per_hour"] <= 1.2 * cheapest
+        else:
+            assert kept["smallest_fleet"] == every["smallest_fleet"]

@@ -78,6 +78,7 @@ def incident_money(scenarios_dir: Path = SCENARIOS, workers: int = 0) -> pd.Data
         tensor_parallel=[base.tensor_parallel],
         policies=list(INCIDENT_POLICIES),
         max_gpus=16,
+        cost_span=0,  # every policy's own answer, however expensive
         workers=workers,
     )
     rows = []

@@ -52,6 +52,8 @@ RUN_COLUMNS = (
 
 DEFAULT_TENSOR_PARALLEL = (1, 2, 4)
 DEFAULT_MAX_GPUS = 64
+DEFAULT_COST_SPAN = 4.0
+"""Fleets costing over this many times the cheapest meeting fleet found so far are not run."""
 
 
 def fleet_point(scenario: Scenario, policies: Sequence[str] | None = None) -> pd.DataFrame:
@@ -69,6 +71,11 @@ class FleetConfig:
     tensor_parallel: int
     policy: str
     disaggregated: bool = False
+    usd_per_gpu_hour: float = math.nan
+
+    def usd_per_hour(self, size: Size) -> float:
+        """Rent of a fleet of ``size`` (NaN when the GPU has no price)."""
+        return self.num_gpus(size) * self.usd_per_gpu_hour
 
     def overrides(self, size: Size) -> dict[str, Any]:
         """Scenario overrides of a fleet of ``size`` in this configuration."""
@@ -129,6 +136,7 @@ def cheapest_fleet(
     tensor_parallel: Sequence[int] = DEFAULT_TENSOR_PARALLEL,
     policies: Sequence[str] | None = None,
     max_gpus: int = DEFAULT_MAX_GPUS,
+    cost_span: float = DEFAULT_COST_SPAN,
     attainment: float | None = None,
     seeds: Sequence[int] | int | None = None,
     workers: int | None = 1,
@@ -147,6 +155,9 @@ def cheapest_fleet(
         tensor_parallel: degrees to try (one that does not divide the model's heads is reported, not run).
         policies: policy names (or the disaggregation block's name) to size (default: all).
         max_gpus: no fleet above this many GPUs is run.
+        cost_span: no fleet renting for more than this many times the cheapest meeting fleet found so far
+            is run (its configuration is given up, saying so); 0 = no limit. The answer is exact either way,
+            and the frontier is complete up to this multiple of the cheapest rent.
         attainment, workers, backend, address, progress: as for ``capacity``.
         seeds: seeds per fleet (an int N: 0..N-1; default: the scenario's own seed, as ``run`` uses).
         point_fn: ``(scenario, policies) -> summary`` (tests inject a cheaper one).
@@ -160,16 +171,18 @@ def cheapest_fleet(
     started = time.perf_counter()
     base = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     spec = _spec(base, slo, attainment, [base.seed] if seeds is None else seeds)
-    configs = _configs(base, _gpus(base, gpus), _degrees(tensor_parallel), _policies(base, policies))
+    configs = _configs(spec.base, _gpus(base, gpus), _degrees(tensor_parallel), _policies(base, policies))
     if not isinstance(max_gpus, int) or max_gpus < 1:
         raise UserError(f"max_gpus = {max_gpus!r}: must be a positive number of GPUs", field="max_gpus")
+    if isinstance(cost_span, bool) or not (cost_span == 0 or 1 <= cost_span < math.inf):
+        raise UserError(f"cost_span = {cost_span!r}: must be 0 (no limit) or at least 1", field="cost_span")
     span_s = _arrival_span_s(spec.base)
     searches = {c: _search(c, span_s, max_gpus) for c in configs}
     runs = _Runs(spec, point_fn)
     engine, count = open_capped_backend(backend, workers, address, tasks=len(configs) * len(spec.seeds))
     with engine, progress_bar(progress, "cheapest", "run") as bar:
         report_startup(engine, bar, progress, count)
-        outcomes = _drive(searches, runs, engine, bar)
+        outcomes = _drive(searches, runs, engine, bar, cost_span)
     table = _mark(runs.table(configs))
     return CheapestReport(table, _config_table(configs, outcomes, table), spec.criterion(), spec.slo,
                           time.perf_counter() - started)  # fmt: skip
@@ -215,8 +228,12 @@ def _policies(base: Scenario, policies: Sequence[str] | None) -> list[str]:
 
 
 def _configs(base: Scenario, gpus: list[str], degrees: list[int], policies: list[str]) -> list[FleetConfig]:
+    from sim.fleet import gpu_price
+
     block = base.disaggregation.name if base.disaggregation else None
-    return [FleetConfig(g, tp, p, p == block) for p in policies for g in gpus for tp in degrees]
+    return [
+        FleetConfig(g, tp, p, p == block, gpu_price(base, GPUS[g])) for p in policies for g in gpus for tp in degrees
+    ]
 
 
 def _search(config: FleetConfig, span_s: float, max_gpus: int) -> Search:
@@ -262,6 +279,23 @@ class _Runs:
             return
         self.rows.setdefault((config, size), {})[seed] = result.summary.iloc[0].to_dict()
 
+    def cheapest_usd_per_hour(self) -> float:
+        """Rent of the cheapest fleet that met the SLO so far (NaN: none yet)."""
+        met = [
+            c.usd_per_hour(size) for (c, size), by_seed in self.rows.items() if self.spec.meets(list(by_seed.values()))
+        ]
+        priced = [usd for usd in met if not math.isnan(usd)]
+        return min(priced) if priced else math.nan
+
+    def largest_failing(self, config: FleetConfig) -> int:
+        """Replicas of the largest fleet of a colocated ``config`` that missed the SLO (0: none)."""
+        failed = [
+            size[0]
+            for (c, size), by_seed in self.rows.items()
+            if c == config and not self.spec.meets(list(by_seed.values()))
+        ]
+        return max(failed, default=0)
+
     def probe(self, config: FleetConfig, size: Size) -> Probe:
         """What the fleet's runs say: met on every seed, mean busy share, mean pass work."""
         rows = list(self.rows[(config, size)].values())
@@ -287,11 +321,19 @@ class _Runs:
         return pd.DataFrame(records, columns=list(RUN_COLUMNS))
 
 
-def _drive(searches: dict[FleetConfig, Search], runs: _Runs, engine: Any, bar: Any) -> dict[FleetConfig, FleetOutcome]:
-    """Advance every search in lock-step; a round runs every search's next fleet in parallel."""
+def _drive(
+    searches: dict[FleetConfig, Search], runs: _Runs, engine: Any, bar: Any, cost_span: float
+) -> dict[FleetConfig, FleetOutcome]:
+    """Advance every search in lock-step; a round runs every search's next fleet in parallel.
+
+    Before each round, a configuration whose cheapest possible fleet rents for more than ``cost_span``
+    x the cheapest meeting fleet so far is given up: none of its fleets could be the answer, and
+    every configuration's smallest meeting fleet within the span is still found.
+    """
     outcomes: dict[FleetConfig, FleetOutcome] = {}
     wanted = {config: next(search) for config, search in searches.items()}
     while wanted:
+        wanted = _within_span(wanted, searches, runs, cost_span, outcomes)
         for result in engine.imap_unordered(runs.fn, runs.tasks(wanted)):
             runs.add(result)
             bar.update(1)
@@ -307,6 +349,35 @@ def _drive(searches: dict[FleetConfig, Search], runs: _Runs, engine: Any, bar: A
                 outcomes[config] = stop.value
         wanted = following
     return outcomes
+
+
+def _within_span(
+    wanted: dict[FleetConfig, Size],
+    searches: dict[FleetConfig, Search],
+    runs: _Runs,
+    cost_span: float,
+    outcomes: dict[FleetConfig, FleetOutcome],
+) -> dict[FleetConfig, Size]:
+    """``wanted`` less the configurations none of whose fleets can rent within the cost span.
+
+    A configuration's cheapest possible fleet is one replica more than its largest failing one
+    (monotone in replicas); for a split, the current prefill count plus one decode replica (the
+    split search only raises the prefill count). Beyond the span, its search ends with a note.
+    """
+    cheapest = runs.cheapest_usd_per_hour()
+    if not cost_span or math.isnan(cheapest):
+        return wanted
+    kept = {}
+    for config, size in wanted.items():
+        floor = (size[0], 1) if config.disaggregated else (runs.largest_failing(config) + 1,)
+        usd = config.usd_per_hour(floor)
+        if usd > cost_span * cheapest:
+            searches[config].close()
+            note = f"given up: {config.label(floor)} or more rents for over {cost_span:g}x the cheapest meeting fleet"
+            outcomes[config] = FleetOutcome(None, f"{note} (${usd:.2f} vs ${cheapest:.2f}/h)")
+        else:
+            kept[config] = size
+    return kept
 
 
 def _mark(table: pd.DataFrame) -> pd.DataFrame:

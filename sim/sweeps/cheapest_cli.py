@@ -44,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tp", default="1,2,4", metavar="1,2,4", help="--cheapest: tensor-parallel degrees")
     parser.add_argument("--max-gpus", type=int, default=64, metavar="N", help="--cheapest: largest fleet run")
+    parser.add_argument(
+        "--cost-span",
+        type=float,
+        default=4.0,
+        metavar="X",
+        help="--cheapest: run no fleet renting for over X times the cheapest meeting one found so far "
+        "(the frontier is complete up to X; default 4, 0 = no limit)",
+    )
     parser.add_argument("--policy", action="append", default=None, metavar="NAME",
                         help="--cheapest: a policy to size (repeatable; default: every policy)")  # fmt: skip
 
@@ -58,7 +66,8 @@ def run_cheapest(args: argparse.Namespace, scenario: Scenario, seeds: list[int],
         with sigterm_as_interrupt() as seen:
             report = cheapest_fleet(
                 scenario, parse_slo_options(args.slo), gpus=_names(args.gpus), tensor_parallel=_degrees(args.tp),
-                policies=args.policy, max_gpus=args.max_gpus, attainment=args.attainment, seeds=seeds,
+                policies=args.policy, max_gpus=args.max_gpus, cost_span=args.cost_span, attainment=args.attainment,
+                seeds=seeds,
                 workers=args.workers, backend=args.backend, address=args.address, progress=not args.quiet,
             )  # fmt: skip
     except KeyboardInterrupt as stop:
