@@ -140,3 +140,9 @@ def test_the_cost_span_prunes_only_fleets_that_cannot_be_within_it() -> None:
             assert not every["fleet_usd_per_hour"] <= 1.2 * cheapest
         else:
             assert kept["smallest_fleet"] == every["smallest_fleet"]
+
+
+def test_a_degree_above_the_gpu_budget_is_reported_without_running() -> None:
+    found = cheapest_fleet(Scenario(**TINY), SLO, gpus=["a100-80gb"], tensor_parallel=[1, 4], max_gpus=2)
+    notes = found.configs.set_index("tensor_parallel")["note"]
+    assert "budget" in notes[4] and (found.runs["tensor_parallel"] != 4).all()

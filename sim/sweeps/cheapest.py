@@ -331,7 +331,12 @@ def _drive(
     every configuration's smallest meeting fleet within the span is still found.
     """
     outcomes: dict[FleetConfig, FleetOutcome] = {}
-    wanted = {config: next(search) for config, search in searches.items()}
+    wanted = {}
+    for config, search in searches.items():
+        try:
+            wanted[config] = next(search)
+        except StopIteration as stop:  # nothing to run (the budget holds no replica of it)
+            outcomes[config] = stop.value
     while wanted:
         wanted = _within_span(wanted, searches, runs, cost_span, outcomes)
         for result in engine.imap_unordered(runs.fn, runs.tasks(wanted)):

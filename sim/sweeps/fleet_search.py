@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from functools import partial
 
 GROWTH = 1.5
 """Factor the replica count grows by while no fleet has met the SLO."""
@@ -69,7 +70,7 @@ def search_replicas(span_s: float, cap: int) -> Search:
     """Fewest replicas (at most ``cap``) meeting the SLO, for a stream arriving over ``span_s`` seconds."""
     if cap < 1:
         return FleetOutcome(None, "the GPU budget does not hold one replica")
-    outcome = yield from _fewest(lambda n: (n,), cap, span_s)
+    outcome = yield from _fewest(_colocated, cap, span_s)
     return outcome
 
 
@@ -81,7 +82,7 @@ def search_split(span_s: float, cap: int) -> Search:
     for prefill in range(1, cap):
         if best is not None and prefill + 1 >= sum(best):
             break  # every later split has at least prefill + 1 replicas
-        outcome = yield from _fewest(lambda n, p=prefill: (p, n), min(decode_cap, cap - prefill), span_s)
+        outcome = yield from _fewest(partial(_split, prefill), min(decode_cap, cap - prefill), span_s)
         if outcome.size is None:
             notes.append(f"{prefill} prefill: {outcome.note}")
             continue
@@ -116,6 +117,14 @@ def _fewest(make: Callable[[int], Size], cap: int, span_s: float) -> Generator[S
         probe = yield make(middle)
         low, high = (low, middle) if probe.meets else (middle, high)
     return FleetOutcome(make(high))
+
+
+def _colocated(replicas: int) -> Size:
+    return (replicas,)
+
+
+def _split(prefill: int, decode: int) -> Size:
+    return (prefill, decode)
 
 
 def _work_bound(probe: Probe, span_s: float) -> int:
