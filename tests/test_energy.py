@@ -203,3 +203,33 @@ def test_disaggregated_energy_is_the_sum_of_its_pools() -> None:
     assert row["energy_j"] == pytest.approx(_integral_j(result.iterations, pools, start_s, end_s), rel=1e-9)
     prices = get_gpu("h100-sxm").usd_per_hour + get_gpu("a100-80gb").usd_per_hour
     assert row["fleet_usd_per_hour"] == pytest.approx(prices)
+
+
+@pytest.mark.parametrize(
+    ("price", "message"),
+    [
+        ({"a10": 1.0}, "did you mean 'a40'"),
+        ({"a40": 0}, "positive number of USD"),
+        (-2.0, "positive number of USD"),
+        (True, "not the boolean"),
+    ],
+)
+def test_bad_gpu_prices_are_one_line_errors(price: object, message: str) -> None:
+    with pytest.raises(sim.UserError) as caught:
+        _saturated(8).replace(gpu_hour_usd=price)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_price_per_gpu_type_prices_only_that_type() -> None:
+    scenario = _scenario(
+        replicas=1,
+        gpu_hour_usd={"h100-sxm": 9.0},
+        disaggregation={
+            "name": "disagg",
+            "prefill": {"gpu": "h100-sxm", "policy": {"name": "p", "kind": "paged", "max_batch_size": 64}},
+            "decode": {"policy": {"name": "d", "kind": "paged", "max_batch_size": 64}},
+        },
+    )
+    rows = sim.run(scenario, load_frac=False).summary.set_index("policy")
+    assert rows.loc["continuous", "fleet_usd_per_hour"] == get_gpu("a100-80gb").usd_per_hour
+    assert rows.loc["disagg", "fleet_usd_per_hour"] == pytest.approx(9.0 + get_gpu("a100-80gb").usd_per_hour)
