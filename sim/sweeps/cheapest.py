@@ -32,6 +32,7 @@ from sim.errors import UserError, did_you_mean
 from sim.hardware.catalog import GPUS
 from sim.io.scenario import load_scenario
 from sim.sweeps.backends import open_capped_backend
+from sim.sweeps.cheapest_tables import config_table, mark_frontier
 from sim.sweeps.fleet_search import FleetOutcome, Probe, Search, Size, search_replicas, search_split
 from sim.sweeps.grid import normalize_seeds
 from sim.sweeps.runner import progress_bar, report_startup
@@ -183,8 +184,8 @@ def cheapest_fleet(
     with engine, progress_bar(progress, "cheapest", "run") as bar:
         report_startup(engine, bar, progress, count)
         outcomes = _drive(searches, runs, engine, bar, cost_span)
-    table = _mark(runs.table(configs))
-    return CheapestReport(table, _config_table(configs, outcomes, table), spec.criterion(), spec.slo,
+    table = mark_frontier(runs.table(configs))
+    return CheapestReport(table, config_table(configs, outcomes, table), spec.criterion(), spec.slo,
                           time.perf_counter() - started)  # fmt: skip
 
 
@@ -197,7 +198,15 @@ def _spec(base: Scenario, slo: Mapping[str, float], attainment: float | None, se
     if isinstance(base.gpu_hour_usd, int | float):
         raw["gpu_hour_usd"] = {base.gpu: float(base.gpu_hour_usd)}
     with_slo = build_scenario(raw, {}, base.base_dir)
-    return CapacitySpec(with_slo, bounds, attainment, 0.02, None, None, normalize_seeds(seeds))
+    return CapacitySpec(
+        base=with_slo,
+        slo=bounds,
+        attainment=attainment,
+        tolerance=0.02,
+        rate_low=None,
+        rate_high=None,
+        seeds=normalize_seeds(seeds),
+    )
 
 
 def _gpus(base: Scenario, gpus: Sequence[str] | None) -> list[str]:
@@ -383,47 +392,3 @@ def _within_span(
         else:
             kept[config] = size
     return kept
-
-
-def _mark(table: pd.DataFrame) -> pd.DataFrame:
-    """Add ``frontier`` and ``cheapest``: Pareto-optimal in (rent, TTFT p99) among meeting fleets."""
-    table = table.copy()
-    table["frontier"] = False
-    table["cheapest"] = False
-    if table.empty or not table["meets"].any():
-        return table
-    met = table[table["meets"] & table["fleet_usd_per_hour"].notna()]
-    ordered = met.sort_values(["fleet_usd_per_hour", "ttft_p99_s", "usd_per_mtok"], kind="stable")
-    best_ttft = math.inf
-    for index, row in ordered.iterrows():
-        if row["ttft_p99_s"] < best_ttft:
-            table.loc[index, "frontier"] = True
-            best_ttft = row["ttft_p99_s"]
-    if len(ordered):
-        table.loc[ordered.index[0], "cheapest"] = True
-    return table
-
-
-CONFIG_METRICS = ("fleet_usd_per_hour", "usd_per_mtok", "joules_per_token", "ttft_p99_s", "tpot_p99_s")
-"""Metrics of each configuration's smallest meeting fleet in the per-configuration table."""
-
-
-def _config_table(
-    configs: Sequence[FleetConfig], outcomes: Mapping[FleetConfig, FleetOutcome], runs: pd.DataFrame
-) -> pd.DataFrame:
-    """One row per configuration: its smallest meeting fleet with that fleet's cost and latency, or the reason."""
-    rows = []
-    for config in configs:
-        outcome = outcomes[config]
-        size = outcome.size
-        fleet = config.label(size) if size else "-"
-        found = runs[(runs["fleet"] == fleet) & (runs["policy"] == config.policy)] if size else runs.iloc[:0]
-        rows.append({
-            "gpu": config.gpu, "tensor_parallel": config.tensor_parallel, "policy": config.policy,
-            "smallest_fleet": fleet, "num_gpus": config.num_gpus(size) if size else math.nan,
-            **{m: float(found[m].iloc[0]) if len(found) else math.nan for m in CONFIG_METRICS},
-            "runs": int(((runs["gpu"] == config.gpu) & (runs["tensor_parallel"] == config.tensor_parallel)
-                         & (runs["policy"] == config.policy)).sum()) if len(runs) else 0,
-            "note": outcome.note,
-        })  # fmt: skip
-    return pd.DataFrame(rows)
