@@ -22,6 +22,9 @@ from sim.hardware.catalog import get_gpu
 from sim.hardware.cost_model import load_cost_model
 from sim.hardware.draft import draft_cost_models, draft_models, kv_with_draft
 from sim.hardware.memory import KVBudget, kv_budget, kv_bytes_per_token
+from sim.hardware.power import PowerModel
+from sim.hardware.utilization import PassWork
+from sim.metrics.energy import Pool
 from sim.metrics.summary import percentile, summarize_run
 from sim.resolve import ResolvedScenario, frontend_of, prefix_caching_on
 from sim.serving.disagg import DisaggEngine, PoolSpec
@@ -144,13 +147,36 @@ def num_gpus(config: DisaggregationConfig) -> int:
     return sum(pool.replicas * pool.tensor_parallel for pool in (config.prefill, config.decode))
 
 
+def disaggregated_pools(resolved: ResolvedScenario, config: DisaggregationConfig) -> tuple[Pool, ...]:
+    """The prefill and the decode pool, each with its GPU's pass work, power and price.
+
+    The engine numbers the prefill replicas first (0..P-1), then the decode ones (P..P+D-1).
+    """
+    from sim.fleet import gpu_price
+
+    pools, first = [], 0
+    for pool in (config.prefill, config.decode):
+        gpu = get_gpu(pool.gpu or resolved.scenario.gpu)
+        pools.append(Pool(
+            work=PassWork.of(resolved.model, gpu, pool.tensor_parallel), power=PowerModel.of(gpu),
+            gpus_per_replica=pool.tensor_parallel, replicas=tuple(range(first, first + pool.replicas)),
+            usd_per_gpu_hour=gpu_price(resolved.scenario, gpu),
+        ))  # fmt: skip
+        first += pool.replicas
+    return tuple(pools)
+
+
 def summarize_disaggregated(resolved: ResolvedScenario, config: DisaggregationConfig, out: SimOutput) -> dict[str, Any]:
-    """The deployment's ``summary.csv`` row (MFU/MBU are NaN: the pools' GPUs differ)."""
+    """The deployment's ``summary.csv`` row (MFU/MBU are NaN: the pools' GPUs differ; energy is per pool)."""
+    from sim.fleet import mean_gpu_price
+
     scenario = resolved.scenario
+    pools = disaggregated_pools(resolved, config)
     row = summarize_run(
         out.requests, out.iterations, scenario=scenario.name, policy=config.name, num_gpus=num_gpus(config),
-        warmup_s=scenario.metrics.warmup_s, slo=scenario.slo, gpu_hour_usd=scenario.gpu_hour_usd,
-        replicas=config.prefill.replicas + config.decode.replicas, itl=out.itl,
+        warmup_s=scenario.metrics.warmup_s, slo=scenario.slo, gpu_hour_usd=mean_gpu_price(pools),
+        replicas=config.prefill.replicas + config.decode.replicas, itl=out.itl, pools=pools,
+        input_price_ratio=scenario.input_price_ratio,
     )  # fmt: skip
     return row | pool_stats(out, config, float(row["duration_s"]), scenario.metrics.warmup_s)
 

@@ -48,8 +48,14 @@ def _gpus() -> list[str]:
     from sim.hardware.catalog import GPUS
 
     return [f"{name:<12} {g.peak_bf16_tflops:7.0f} TFLOP/s bf16, {g.hbm_gb_per_s:6.0f} GB/s HBM, "
-            f"{g.memory_gb:5.0f} GiB, {g.interconnect} — {_gpu_cost_model(name)}"
+            f"{g.memory_gb:5.0f} GiB, {g.interconnect}, {_power_and_price(g)} — {_gpu_cost_model(name)}"
             for name, g in GPUS.items()]
+
+
+def _power_and_price(gpu: typing.Any) -> str:
+    """TDP, idle power and $/GPU-hour as the energy and cost columns use them (docs/cost.md)."""
+    price = f"${gpu.usd_per_hour:.2f}/h" if gpu.usd_per_hour > 0 else "no listed $/h"
+    return f"{gpu.tdp_w:.0f} W TDP, {gpu.idle_w:.0f} W idle, {price}"
 
 
 def _gpu_cost_model(gpu: str) -> str:

@@ -22,6 +22,7 @@ import pandas as pd
 from sim.checks import check_policies_fit, warmup_warning
 from sim.config import DisaggregationConfig, Scenario
 from sim.errors import UserError, did_you_mean
+from sim.fleet import colocated_pools, mean_gpu_price
 from sim.io.scenario import load_scenario
 from sim.metrics.benchmark import benchmark_record
 from sim.metrics.estimate import warn_if_large
@@ -100,6 +101,7 @@ def run(
     progress: bool | ProgressFactory = False,
     *,
     summary_only: bool = False,
+    load_frac: bool = True,
 ) -> RunResult:
     """Simulate every policy of a scenario on one common request stream.
 
@@ -114,6 +116,8 @@ def run(
             policy, which are dropped before the next policy runs): memory for one policy's
             records instead of all of them. Warns (``warnings.warn``) when
             :func:`sim.metrics.estimate.estimate_run` expects a large run without it.
+        load_frac: measure each policy's ``load_frac`` (a capacity replay: a second simulation);
+            False leaves it NaN, for searches that read only latencies and costs.
 
     Returns:
         RunResult with summary, per-request and (sampled) per-iteration tables.
@@ -127,7 +131,9 @@ def run(
     factory = _progress_factory(progress)
     started = time.perf_counter()
     per_policy = {
-        p.name: _run_policy(resolved, p, factory, index=k, count=len(selected), summary_only=summary_only)
+        p.name: _run_policy(
+            resolved, p, factory, index=k, count=len(selected), summary_only=summary_only, load_frac=load_frac
+        )
         for k, p in enumerate(selected, start=1)
     }
     runtime_s = time.perf_counter() - started
@@ -162,12 +168,14 @@ def _run_policy(
     index: int,
     count: int,
     summary_only: bool,
+    load_frac: bool = True,
 ) -> _Kept:
-    """Simulate one policy and condense its records, its summary row with ``load_frac``."""
+    """Simulate one policy and condense its records, its summary row with ``load_frac`` (when measured)."""
     out = _simulate_policy(resolved, policy, factory, index=index, count=count)
-    load_frac = load_fraction(resolved, policy, out.requests)  # its capacity replay, while the records live
+    # its capacity replay, while the records live
+    fraction = load_fraction(resolved, policy, out.requests) if load_frac else float("nan")
     kept = _condense(resolved, policy.name, out, summary_only=summary_only)
-    kept.row["load_frac"] = load_frac
+    kept.row["load_frac"] = fraction
     return kept
 
 
@@ -207,6 +215,7 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         benchmark = benchmark_record(row, out.requests, out.itl, percentiles=metrics.percentiles,
                                      warmup_s=metrics.warmup_s)  # fmt: skip
         return _Kept(row, requests, iterations, every, benchmark)
+    pools = colocated_pools(resolved)
     row = summarize_run(
         out.requests,
         out.iterations,
@@ -215,10 +224,12 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
         num_gpus=resolved.num_gpus,
         warmup_s=scenario.metrics.warmup_s,
         slo=scenario.slo,
-        gpu_hour_usd=scenario.gpu_hour_usd,
+        gpu_hour_usd=mean_gpu_price(pools),
         replicas=resolved.workers,
         itl=out.itl,
         work=resolved.pass_work,
+        pools=pools,
+        input_price_ratio=scenario.input_price_ratio,
     )
     metrics = scenario.metrics
     benchmark = benchmark_record(

@@ -201,7 +201,17 @@ def _memo_key(resolved: ResolvedScenario, policy: Any, stream: RequestStream) ->
     """What the capacity depends on: the deployment (the scenario less its workload and reporting
     settings), the policy, and the replayed requests."""
     scenario = resolved.scenario.model_dump_json(
-        exclude={"name", "workload", "policies", "client", "admission", "metrics", "slo", "gpu_hour_usd"}
+        exclude={
+            "name",
+            "workload",
+            "policies",
+            "client",
+            "admission",
+            "metrics",
+            "slo",
+            "gpu_hour_usd",
+            "input_price_ratio",
+        }
     )
     digest = hashlib.sha256()
     for part in (scenario, policy.model_dump_json(), str(stream.closed_loop.clients if stream.closed_loop else 0)):

@@ -95,6 +95,8 @@ def _type_name(annotation: Any) -> str:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is typing.Annotated:
         return _type_name(args[0])
+    if origin is dict:
+        return f"mapping of {_type_name(args[1])}"
     if args:
         names = [_type_name(a) for a in args if a is not type(None)]
         text = " \\| ".join(dict.fromkeys(names))

@@ -24,6 +24,7 @@ from fakes import setup
 
 import sim
 from sim.config import Scenario
+from sim.fleet import colocated_pools, mean_gpu_price
 from sim.hardware.utilization import UTILIZATION_COLUMNS
 from sim.metrics import estimate
 from sim.metrics import records as records_module
@@ -107,6 +108,7 @@ def test_summary_is_that_of_the_unsampled_records(
     for row in full.summary.to_dict("records"):
         out = direct[row["policy"]]
         assert len(out.iterations) > MAX_ROWS  # so sampling happened
+        pools = colocated_pools(resolve(scenario))  # energy and cost, from every pass too
         expected = summarize_run(
             out.requests,
             out.iterations,
@@ -114,9 +116,11 @@ def test_summary_is_that_of_the_unsampled_records(
             policy=row["policy"],
             num_gpus=scenario.replicas,
             slo=scenario.slo,
+            gpu_hour_usd=mean_gpu_price(pools),
             replicas=scenario.replicas,
             itl=out.itl,
             work=resolve(scenario).pass_work,
+            pools=pools,
         )
         assert list(row) == list(expected)
         assert math.isnan(expected.pop("load_frac"))  # the runner's, from its capacity replay (sim/saturation.py)

@@ -34,7 +34,7 @@ from sim.config.serving import (
 )
 from sim.config.validation_errors import format_validation_error
 from sim.config.workload import Workload
-from sim.errors import UserError
+from sim.errors import UserError, did_you_mean, shown
 
 
 class Scenario(StrictModel):
@@ -105,8 +105,19 @@ class Scenario(StrictModel):
     slo: SLOConfig | None = Field(None, description="Latency targets; adds SLO attainment and goodput columns.")
     metrics: MetricsConfig = Field(default=MetricsConfig(), description="Warm-up and record keeping.")
     engine: EngineConfig = Field(default=EngineConfig(), description="Simulator speed options (results never change).")
-    gpu_hour_usd: Float | None = Field(
-        None, gt=0, le=1e6, description="Price of one GPU-hour, for requests per dollar."
+    gpu_hour_usd: Float | dict[str, Float] | None = Field(
+        None,
+        description="Price of one GPU-hour in USD, for requests per dollar and USD per million tokens: one number "
+        "for every GPU of the scenario, or a price per GPU type ({h100-sxm: 2.5}; the others keep theirs). Default: "
+        "the catalog's price of each GPU (python -m sim list gpus; sources in docs/cost.md).",
+    )
+    input_price_ratio: Float = Field(
+        0.0,
+        ge=0,
+        le=1e3,
+        description="What one prompt token costs in output tokens when the GPU bill is split into usd_per_mtok "
+        "(output) and usd_per_mtok_input, e.g. 0.25 for input priced at a quarter of output (default 0: the bill "
+        "is on output tokens).",
     )
     disaggregation: DisaggregationConfig | None = Field(
         None,
@@ -169,6 +180,19 @@ class Scenario(StrictModel):
         if dupes:
             raise ValueError(f"policy names must be unique; repeated: {', '.join(dupes)}")
         return policies
+
+    @field_validator("gpu_hour_usd")
+    @classmethod
+    def _prices(cls, price: float | dict[str, float] | None) -> float | dict[str, float] | None:
+        from sim.hardware.catalog import GPUS
+
+        for gpu, usd in (price.items() if isinstance(price, dict) else [(None, price)]):
+            if gpu is not None and gpu not in GPUS:
+                raise ValueError(f"unknown GPU {shown(gpu)}{did_you_mean(gpu, GPUS)}; known: {', '.join(GPUS)}")
+            if usd is not None and not 0 < usd <= 1e6:
+                where = f"the price of {gpu}" if gpu else "the price"
+                raise ValueError(f"{where} must be a positive number of USD per GPU-hour up to 1e6, got {usd!r}")
+        return price
 
     @model_validator(mode="after")
     def _disaggregation_name_free(self) -> Scenario:

@@ -216,6 +216,10 @@ class GPUSpec:
         nvlink_gb_per_s: GPU-to-GPU link bandwidth per direction per GPU, GB/s (scales
             all-reduce): NVLink, or the PCIe link where ``interconnect`` is "PCIe".
         interconnect: "NVLink" (NVSwitch or bridge) or "PCIe" (no NVLink).
+        tdp_w: board power limit (TDP), W, from the datasheet; 0 = unknown (no energy figures).
+        idle_w: power with the model loaded and no kernel running, W.
+        usd_per_hour: rental price of one GPU-hour, USD; 0 = no listed price (set ``gpu_hour_usd``).
+            Sources of these three: :data:`sim.hardware.power.SOURCES` and docs/cost.md.
     """
 
     name: str
@@ -224,6 +228,9 @@ class GPUSpec:
     memory_gb: float
     nvlink_gb_per_s: float = 300.0
     interconnect: str = "NVLink"
+    tdp_w: float = 0.0
+    idle_w: float = 0.0
+    usd_per_hour: float = 0.0
 
 
 def _llama(
@@ -364,14 +371,26 @@ MODELS: dict[str, ModelSpec] = {
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("a100-80gb", peak_bf16_tflops=312.0, hbm_gb_per_s=2039.0, memory_gb=79.15),
-        GPUSpec("a100-40gb", peak_bf16_tflops=312.0, hbm_gb_per_s=1555.0, memory_gb=39.39),
+        # tdp_w, idle_w, usd_per_hour: sources in sim.hardware.power.SOURCES (docs/cost.md).
+        GPUSpec(
+            "a100-80gb",
+            peak_bf16_tflops=312.0,
+            hbm_gb_per_s=2039.0,
+            memory_gb=79.15,
+            tdp_w=400.0,
+            idle_w=46.0,
+            usd_per_hour=2.16,
+        ),
+        GPUSpec("a100-40gb", peak_bf16_tflops=312.0, hbm_gb_per_s=1555.0, memory_gb=39.39, tdp_w=400.0, idle_w=46.0),
         GPUSpec(
             "h100-sxm",
             peak_bf16_tflops=989.0,
             hbm_gb_per_s=3350.0,
             memory_gb=79.11,
             nvlink_gb_per_s=450.0,
+            tdp_w=700.0,
+            idle_w=80.0,
+            usd_per_hour=3.35,
         ),
         GPUSpec(
             "h200",
@@ -379,6 +398,9 @@ GPUS: dict[str, GPUSpec] = {
             hbm_gb_per_s=4800.0,
             memory_gb=139.8,
             nvlink_gb_per_s=450.0,
+            tdp_w=700.0,
+            idle_w=80.0,
+            usd_per_hour=4.46,
         ),
         # A40 and L40S: PCIe Gen4 x16 cards without NVLink here (32 GB/s per direction);
         # 48 GB GDDR6 is 46068 MiB as nvidia-smi lists it (44.99 GiB). L40S: 362.05 TFLOP/s
@@ -390,6 +412,9 @@ GPUS: dict[str, GPUSpec] = {
             memory_gb=44.99,
             nvlink_gb_per_s=32.0,
             interconnect="PCIe",
+            tdp_w=300.0,
+            idle_w=96.0,
+            usd_per_hour=0.86,
         ),
         GPUSpec(
             "l40s",
@@ -398,6 +423,9 @@ GPUS: dict[str, GPUSpec] = {
             memory_gb=44.99,
             nvlink_gb_per_s=32.0,
             interconnect="PCIe",
+            tdp_w=350.0,
+            idle_w=96.0,
+            usd_per_hour=1.33,
         ),
     )
 }

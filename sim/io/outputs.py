@@ -115,7 +115,8 @@ SWEEP_OUTPUT = OutputKind(
 )
 CAPACITY_OUTPUT = OutputKind(
     "batchsim capacity folder",
-    frozenset({"capacity.csv", "capacity.md", "split.csv", "split.md", MARKER_FILE}),
+    frozenset({"capacity.csv", "capacity.md", "split.csv", "split.md", MARKER_FILE}
+              | {"cheapest.csv", "cheapest.md", "configs.csv", "frontier.png"}),  # capacity --cheapest
     MARKER_FILE,
 )
 KNOWN_OUTPUTS = (RUN_OUTPUT, SWEEP_OUTPUT, CAPACITY_OUTPUT)

@@ -10,18 +10,20 @@ computed (no completed request, no SLO, no price) is NaN, never an exception.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from sim.config import SLOConfig
+from sim.metrics.energy import ENERGY_COLUMNS, energy_cost_stats
 from sim.metrics.itl import itl_stats
 from sim.metrics.speculative import spec_stats
 
 if TYPE_CHECKING:
     from sim.hardware.utilization import PassWork
+    from sim.metrics.energy import Pool
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "scenario", "policy", "requests", "completed", "duration_s", "throughput_rps",
@@ -42,7 +44,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "num_gpus", "goodput_per_gpu", "prefill_gpu_busy_frac", "decode_gpu_busy_frac",
     "kv_transfer_p50_s", "kv_transfer_p99_s",
     "prefix_hit_rate", "cached_prompt_tokens", "prefill_tokens_computed", "replica_busy_imbalance",
-    "load_frac",
+    "load_frac", *ENERGY_COLUMNS,
 )  # fmt: skip
 """Columns that follow ``SUMMARY_COLUMNS``; always present, NaN when not applicable."""
 
@@ -101,6 +103,8 @@ def summarize_run(
     replicas: int | None = None,
     itl: pd.DataFrame | None = None,
     work: PassWork | None = None,
+    pools: Sequence[Pool] | None = None,
+    input_price_ratio: float = 0.0,
 ) -> dict[str, Any]:
     """Summarize one policy run into one ``summary.csv`` row.
 
@@ -123,6 +127,10 @@ def summarize_run(
         work: FLOPs and bytes per pass of the run's model and GPUs
             (:class:`sim.hardware.utilization.PassWork`); without it the MFU and MBU columns
             are NaN. It reads the iteration columns ``PassWork.REQUIRED_COLUMNS``.
+        pools: the deployment's GPUs, their power and price (:class:`sim.metrics.energy.Pool`);
+            without them the energy and cost columns (``ENERGY_COLUMNS``) are NaN.
+        input_price_ratio: what one prompt token costs in output tokens when the bill is split
+            (``usd_per_mtok``); 0 puts it all on output tokens.
 
     Returns:
         A dict with exactly the keys ``SUMMARY_COLUMNS + EXTRA_COLUMNS``, in that order.
@@ -156,6 +164,7 @@ def summarize_run(
     row |= prefix_stats(requests, iterations)
     # Offered load / capacity needs a capacity replay (a simulation): sim.runner fills it in.
     row["load_frac"] = math.nan
+    row |= energy_cost_stats(requests, iterations, completed, pools, duration_s, input_price_ratio)
     return {column: row[column] for column in SUMMARY_COLUMNS + EXTRA_COLUMNS}
 
 

@@ -90,6 +90,13 @@ FORMATS: dict[str, ColumnFormat] = {
     "goodput_rps": ColumnFormat("goodput (req/s)", "good/s", decimals=2),
     "rps_per_gpu": ColumnFormat("req/s per GPU", "req/s/GPU", decimals=2),
     "requests_per_usd": ColumnFormat("requests per USD", "req/$", decimals=0),
+    "energy_j": ColumnFormat("energy (kJ)", "kJ", scale=1e-3, decimals=1),
+    "power_w": ColumnFormat("power (W)", "W", decimals=0),
+    "joules_per_token": ColumnFormat("energy (J/token)", "J/tok", decimals=3),
+    "joules_per_request": ColumnFormat("energy (J/request)", "J/req", decimals=0),
+    "fleet_usd_per_hour": ColumnFormat("fleet (USD/hour)", "$/h", decimals=2),
+    "usd_per_mtok": ColumnFormat("USD per Mtok", "$/Mtok", decimals=2),
+    "usd_per_mtok_input": ColumnFormat("USD per input Mtok", "$/Mtok in", decimals=2),
 }
 """Display format of every known summary column; other columns get a generic one."""
 
@@ -97,19 +104,21 @@ MARKDOWN_COLUMNS: tuple[str, ...] = (
     "policy", "requests", "completed", "throughput_rps", "output_tps", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_mean_s", "e2e_p99_s", "queue_p50_s",
     "gpu_busy_frac", "mfu_mean", "mbu_mean", "kv_peak_frac", "mean_batch_size", "preemptions",
+    "joules_per_token", "usd_per_mtok",
 )  # fmt: skip
-"""Default columns of ``summary.md``."""
+"""Default columns of ``summary.md`` (the energy and cost ones are left out where unknown: all NaN)."""
 
 TEXT_COLUMNS: tuple[str, ...] = (
     "policy", "completed", "throughput_rps", "output_tps", "ttft_p50_s", "ttft_p99_s",
     "tpot_p50_s", "e2e_mean_s", "e2e_p99_s", "gpu_busy_frac", "kv_peak_frac",
-    "mean_batch_size", "preemptions",
+    "mean_batch_size", "preemptions", "joules_per_token", "usd_per_mtok",
 )  # fmt: skip
 """Default columns of the terminal table."""
 
-# Shown by default only when they carry information (some overload or an SLO).
+# Shown by default only when they carry information (some overload, an SLO, a known price or power).
 _IF_NONZERO = ("timed_out", "rejected")
 _IF_PRESENT = ("slo_attainment", "goodput_rps")
+_IF_KNOWN = ("joules_per_token", "usd_per_mtok")
 
 
 def summary_markdown(summary: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
@@ -198,7 +207,7 @@ def _choose_columns(
                 hint = did_you_mean(column, summary.columns)
                 raise UserError(f"no summary column '{column}'{hint}", field="columns")
         return list(columns)
-    chosen = [c for c in default if c in summary.columns]
+    chosen = [c for c in default if c in summary.columns and (c not in _IF_KNOWN or summary[c].notna().any())]
     chosen += [c for c in _IF_NONZERO if c in summary.columns and (summary[c].fillna(0) != 0).any()]
     chosen += [c for c in _IF_PRESENT if c in summary.columns and summary[c].notna().any()]
     return chosen

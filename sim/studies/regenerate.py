@@ -65,6 +65,12 @@ def _disaggregation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -
     log(f"wrote {out_dir / 'disaggregation.md'}")
 
 
+def _money(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.studies.money import write_money_report
+
+    log(f"wrote {write_money_report(out_dir, plots=plots)}")
+
+
 def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
     from sim.studies.prefix_caching import write_prefix_report
 
@@ -79,6 +85,7 @@ EXTRA_REPORTS: dict[str, ExtraReport] = {
     "speculative": _speculative,  # speculative.md, speculative.png
     "disaggregation": _disaggregation,  # disaggregation.{md,csv,png} (scenarios/disaggregation/)
     "prefix_caching": _prefix_caching,  # prefix_caching.{md,png} (scenarios/prefix/, the Mooncake trace)
+    "money": _money,  # money.{md,csv}: the incident and the speedup map in $/Mtok and J/token (after the map)
 }
 """Reports written after the shipped scenarios, in order, by name: each is
 ``write(out_dir, plots=, log=)``, runs its own scenarios or experiments (imported only when the

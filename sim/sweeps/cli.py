@@ -195,7 +195,9 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
         help="search every combination of these deployments, e.g. pipeline_parallel=1,2 (repeatable); one row "
         "per combination and policy",
     )
-    p.add_argument("--out", default=None, help="output folder (default: results/<name>-capacity/)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default: results/<name>-capacity/, with --cheapest -cheapest/)"
+    )
     p.add_argument(
         "--split-gpus",
         type=int,
@@ -203,6 +205,9 @@ def _add_capacity(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="search the prefill:decode split of N GPUs of the scenario's disaggregation block (writes split.csv/.md)",
     )
+    from sim.sweeps.cheapest_cli import add_arguments
+
+    add_arguments(p)
     p.set_defaults(handler=cmd_capacity)
 
 
@@ -214,9 +219,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.sweeps.slo_capacity import capacity
 
     scenario, seeds = _load(args)
-    out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-capacity"
+    suffix = "cheapest" if args.cheapest else "capacity"
+    out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-{suffix}"
     check_output_dir(out)  # a search can take minutes: say so before it starts, not after
     params = parse_param_options(args.param) if args.param else None
+    if args.split_gpus is not None and args.cheapest:
+        raise UserError("--split-gpus and --cheapest are two searches: give one", field="cheapest")
+    if params and args.cheapest:
+        raise UserError("--param and --cheapest: the cheapest-fleet search varies GPU type and TP itself; give one",
+                        field="cheapest")  # fmt: skip
     if args.split_gpus is not None:
         if params:
             raise UserError("--param and --split-gpus: a split search varies the pools itself; give one of them",
@@ -224,6 +235,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         from sim.sweeps.split_cli import run_split_search
 
         return run_split_search(args, scenario, seeds, out)
+    if args.cheapest:
+        from sim.sweeps.cheapest_cli import run_cheapest
+
+        return run_cheapest(args, scenario, seeds, out)
     try:
         with sigterm_as_interrupt() as seen:
             report = capacity(
