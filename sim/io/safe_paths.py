@@ -172,19 +172,24 @@ def _pathconf(folder: Path, name: str, default: int) -> int:
     return value if value and value > 0 else default
 
 
+def _input_mode(path: Path, what: str, missing_hint: str, field: str | None) -> int:
+    """``os.stat(path).st_mode`` (symlinks followed), or a UserError saying why the path cannot be read."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {shown(path)}{missing_hint}", field=field) from None
+    except OSError as exc:
+        reason = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
+        raise UserError(f"{what} {shown(path)}: cannot be read ({reason})", field=field) from None
+
+
 def require_input_file(path: str | Path, what: str, *, field: str | None = None) -> Path:
     """Return ``path`` if it is a regular file (symlinks followed); UserError saying what it is otherwise.
 
     Opens nothing: a FIFO or a device is refused before anything could block on it or read it.
     """
     path = Path(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise UserError(f"{what} not found: {shown(path)}", field=field) from None
-    except OSError as exc:
-        reason = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
-        raise UserError(f"{what} {shown(path)}: cannot be read ({reason})", field=field) from None
+    mode = _input_mode(path, what, "", field)
     if stat.S_ISDIR(mode):
         raise UserError(f"{what} {shown(path)}: is a folder, not a file; give the file's path", field=field)
     if not stat.S_ISREG(mode):
@@ -196,13 +201,7 @@ def require_input_file(path: str | Path, what: str, *, field: str | None = None)
 def require_input_folder(path: str | Path, what: str, *, field: str | None = None) -> Path:
     """Return ``path`` if it is a folder (symlinks followed); UserError saying what it is otherwise."""
     path = Path(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise UserError(f"{what} not found: {shown(path)}; give an existing folder", field=field) from None
-    except OSError as exc:
-        reason = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
-        raise UserError(f"{what} {shown(path)}: cannot be read ({reason})", field=field) from None
+    mode = _input_mode(path, what, "; give an existing folder", field)
     if not stat.S_ISDIR(mode):
         raise UserError(f"{what} {shown(path)}: is a {_a_file(mode)}, not a folder; give a folder", field=field)
     return path
