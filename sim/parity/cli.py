@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from sim.errors import UserError
+from sim.io.safe_write import write_text
 
 DEFAULT_OUT = Path("results") / "parity"
 
@@ -52,6 +53,18 @@ def _scenario_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="override the scenario seed")
 
 
+def _load(file: str, overrides: list[str], seed: int | None):  # noqa: ANN202 - sim.config.Scenario, lazily
+    """The scenario with its ``--set`` lines and ``--seed`` (as ``run`` reads them)."""
+    from sim.io.scenario import load_scenario, parse_set_options
+
+    values = parse_set_options(overrides)
+    if seed is not None:
+        if seed < 0:
+            raise UserError(f"--seed = {seed}: must be >= 0", field="seed")
+        values["seed"] = seed
+    return load_scenario(file, values)
+
+
 def _preset_override(scenario_file: str, installed: str) -> list[str]:
     """``--set`` lines that give every vLLM-preset policy of the scenario the installed version's preset."""
     from sim.io.scenario import load_scenario
@@ -65,13 +78,12 @@ def _preset_override(scenario_file: str, installed: str) -> list[str]:
 
 
 def _record(file: str, policy: str | None, overrides: list[str], seed: int | None, lag: str = "preset"):  # noqa: ANN202
-    from sim.cli import load_from_args
     from sim.parity.inputs import cost_model_for, inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm, record
 
     vllm = import_vllm()  # say so before resolving anything when vLLM is missing
     overrides = _preset_override(file, vllm.__version__) + list(overrides)
-    scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=seed))
+    scenario = _load(file, overrides, seed)
     inputs = inputs_from_scenario(scenario, policy)
     if lag != "preset":
         inputs.scheduler["async_scheduling"] = lag == "on"
@@ -106,8 +118,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print("\n".join([f"{path}:", *summary_lines(trace, comparison)]))
         rows.append((Path(path).stem, trace, comparison))
     if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(markdown(rows, "python -m sim parity diff " + " ".join(args.traces)))
+        write_text(args.report, markdown(rows, "python -m sim parity diff " + " ".join(args.traces)), field="report")
         print(f"wrote {args.report}")
     return 0
 
@@ -121,12 +132,11 @@ def _recordings(file: str, name: str) -> list:  # noqa: ANN202 - ScheduleTrace, 
 
 
 def _record_preset_async(file: str, name: str) -> bool:
-    from sim.cli import load_from_args
     from sim.parity.inputs import inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm
 
     overrides = _preset_override(file, import_vllm().__version__)
-    scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=None))
+    scenario = _load(file, overrides, None)
     return bool(inputs_from_scenario(scenario, name).scheduler["async_scheduling"])
 
 
@@ -154,8 +164,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not rows:
         raise UserError("no policy with a vLLM preset in the scenarios given", field="files")
     version = rows[0][1].engine["version"]
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / f"{version}.md"
-    report.write_text(markdown(rows, "python -m sim parity run " + " ".join(args.files)))
+    report = write_text(out / f"{version}.md", markdown(rows, "python -m sim parity run " + " ".join(args.files)))
     print(f"wrote {report}")
     return 0

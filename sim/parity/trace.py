@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import UserError, cut
+from sim.io.safe_write import write_text
 
 FORMAT = "batchsim-parity/1"
 SCHEDULER_KEYS = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_blocks", "enable_prefix_caching")
@@ -116,8 +117,7 @@ class ScheduleTrace:
         steps = data.pop("steps")
         head = json.dumps(data, separators=(",", ":"))
         lines = [json.dumps(step, separators=(",", ":")) for step in steps]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(head[:-1] + ',"steps":[\n' + ",\n".join(lines) + "\n]}\n")
+        write_text(path, head[:-1] + ',"steps":[\n' + ",\n".join(lines) + "\n]}\n")
 
 
 def read_trace(path: Path) -> ScheduleTrace:
