@@ -412,7 +412,10 @@ def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
         f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
         f"{facts['cost_model']}.\n\n"
     )
-    return head + render(result.summary) + "\n"
+    from sim.report.tables import trust_notes
+
+    return head + render(result.summary) + trust_notes(result.summary)
+
 
 
 def write_plots(result: RunData, folder: Path) -> None:
