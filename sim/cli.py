@@ -106,6 +106,9 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     sub.choices["calibrate"].set_defaults(handler=calibrate_cli.run)
     from sim.validation import cli as validation_cli
     validation_cli.add_parser(sub)
+    from sim.calibration import serving_cli
+
+    serving_cli.add_parser(sub)
     try:
         from sim.sweeps import cli as sweep_cli
     except ImportError:  # sweeps are optional until the sweep package lands
