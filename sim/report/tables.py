@@ -152,6 +152,8 @@ def interval_suffix(summary: pd.DataFrame, column: str, row: int) -> str:
     if any(v is None or pd.isna(v) for v in (value, lo, hi)) or float(value) == 0:
         return ""
     relative = max(float(value) - float(lo), float(hi) - float(value)) / abs(float(value))
+    if relative == float("inf"):  # too few requests to bound a tail percentile
+        return " ± ∞"
     return f" ± {relative:.0%}" if relative >= 0.005 or relative == 0 else " ± <1%"
 
 

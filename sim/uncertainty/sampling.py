@@ -4,7 +4,8 @@ Distribution-free where it can be (no scipy: a run without plots imports neither
 
 - a **percentile** q of N values: the order-statistic interval [x_(l), x_(u)], with ranks l < u chosen so
   that P(l <= B < u) >= the level for B ~ Binomial(N, q/100) (the number of values below the true
-  quantile); exact binomial sums up to :data:`EXACT_MAX_N` values, the normal approximation above;
+  quantile); exact binomial sums up to :data:`EXACT_MAX_N` values, the normal approximation above. Where N is
+  too small for a side (a p99 of fewer than 299 values has no upper bound at 95%) that side is infinite;
 - a **mean**: mean +- t(N - 1) x s / sqrt(N);
 - a **rate** of N counted events (completions, requests within the SLO): rate x (1 +- z / sqrt(N)), the
   Poisson count error of an open-loop stream.
@@ -46,7 +47,8 @@ def t_quantile(dof: int) -> float:
 
 def order_statistic_ranks(n: int, q: float) -> tuple[int, int]:
     """1-based ranks (l, u) of the order statistics bounding the ``q``-quantile (q in [0, 1]) of ``n`` values at
-    :data:`LEVEL`; clipped to [1, n] (a high quantile of few values has the maximum as its upper bound)."""
+    :data:`LEVEL`, each side at half the miss rate. A side too few values can bound is 0 (no lower bound) or
+    n + 1 (no upper bound): the p99 of 60 values exceeds their maximum with probability 1 - 0.99^60 = 45%."""
     if n < 1:
         raise ValueError("no values")
     if n > EXACT_MAX_N or not 0.0 < q < 1.0:
@@ -57,7 +59,7 @@ def order_statistic_ranks(n: int, q: float) -> tuple[int, int]:
         tail = (1.0 - LEVEL) / 2.0
         low = int(np.searchsorted(cdf, tail, side="right"))  # P(B <= low - 1) <= tail: P(B < low) small
         high = int(np.searchsorted(cdf, 1.0 - tail, side="left")) + 1  # P(B <= high - 1) >= 1 - tail
-    return min(max(low, 1), n), min(max(high, 1), n)
+    return min(max(low, 0), n), min(max(high, 1), n + 1)
 
 
 def _binomial_cdf(n: int, p: float) -> np.ndarray:
@@ -79,14 +81,16 @@ def percentile_interval(values: np.ndarray, q: float, value: float | None = None
             to contain it.
 
     Returns:
-        (lo, hi); (NaN, NaN) for an empty sample.
+        (lo, hi), -inf or +inf on a side the sample is too small to bound; (NaN, NaN) for an empty sample.
     """
     finite = np.sort(np.asarray(values, dtype=np.float64)[~np.isnan(np.asarray(values, dtype=np.float64))])
     if not finite.size:
         return math.nan, math.nan
     point = float(np.percentile(finite, q)) if value is None else value
     low, high = order_statistic_ranks(finite.size, q / 100.0)
-    return min(float(finite[low - 1]), point), max(float(finite[high - 1]), point)
+    lo = float(finite[low - 1]) if low >= 1 else -math.inf
+    hi = float(finite[high - 1]) if high <= finite.size else math.inf
+    return min(lo, point), max(hi, point)
 
 
 def mean_interval(values: np.ndarray) -> tuple[float, float]:
