@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far finer than the model's accuracy
 
 PLOTS = {
-    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r)),
-    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r)),
+    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r), summary=r.summary),
+    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r), summary=r.summary),
     "timeline.png": lambda r, p: p.timeline(
         r.iterations, requests=r.requests, every=r.iterations_every, replicas=r.replicas_per_policy
     ),
