@@ -160,6 +160,24 @@ def calibrate_serving(folder: Path, defaults: Mapping[str, Any] | None = None,
     return sf.calibration_with(terms, joint.values, fitted_on=record)
 
 
+SHARED_FOLDER = "vllm-0.11-h100"
+"""The folder of ../shared/validation whose calibration ``python -m sim report`` writes (the README's example)."""
+
+
+def write_shared_calibration(out_dir: Path, log: Callable[[str], None] = print) -> None:
+    """``python -m sim report``: ``out_dir/<SHARED_FOLDER>_serving.yaml`` from ../shared/validation, or say why not."""
+    from sim.io.serving_calibration import write_calibration
+    from sim.validation.report import DATA_ROOT
+
+    folder = DATA_ROOT / SHARED_FOLDER
+    if not folder.is_dir():
+        log(f"skipped the serving calibration: no {folder} (../shared next to the repository)")
+        return
+    path = Path(out_dir) / f"{SHARED_FOLDER}_serving.yaml"
+    write_calibration(calibrate_serving(folder), path)
+    log(f"wrote {path}")
+
+
 def _rounded(errors: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 2) for k, v in errors.items()}
 

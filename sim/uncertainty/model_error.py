@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +174,20 @@ def class_validated(klass: str, table: pd.DataFrame | None = None) -> bool:
     """Whether any real run of the table was priced by a cost model of class ``klass``."""
     table = load_table() if table is None else table
     return bool((table["cost_class"] == klass).any())
+
+
+def refresh_package_table(validation_dir: Path, log: Callable[[str], None] = print) -> None:
+    """``python -m sim report``: rebuild the committed table from ``validation_dir`` when that is the repository's
+    own ``results/validation`` (a report written elsewhere must not change what every run reads)."""
+    if Path(validation_dir).resolve() != VALIDATION_DIR.resolve():
+        log(f"kept {PACKAGE_TABLE.name}: the report was written to {validation_dir}, not {VALIDATION_DIR}")
+        return
+    if not any(Path(validation_dir).glob("*.csv")):
+        log(f"kept {PACKAGE_TABLE.name}: no validation report in {validation_dir}")
+        return
+    write_table(build_table(read_validation(Path(validation_dir))), PACKAGE_TABLE)
+    load_table.cache_clear()
+    log(f"wrote {PACKAGE_TABLE}")
 
 
 # --------------------------------------------------------------------------- command
