@@ -244,3 +244,12 @@ def test_the_quickstart_is_flagged_only_where_it_leaves_the_evidence() -> None:
     # 4096) and is offered 1.3x what it can serve; the other three policies are inside every profiled range.
     assert flags == {"static": {"extrapolated", "near_capacity"}, "continuous": set(), "vllm-v0": set(),
                      "sarathi": set()}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the docs' numbers
+def test_the_docs_blocks_are_current_and_coverage_meets_the_target_on_the_shared_runs() -> None:
+    from sim.uncertainty.coverage import coverage_by_family, leave_one_out_coverage, refresh_docs
+
+    assert refresh_docs(check=True), "run python -m sim.uncertainty.coverage --docs"
+    by_family = coverage_by_family(leave_one_out_coverage()).set_index("family")
+    assert by_family.loc["all", "coverage_pct"] >= 80.0  # issue 29's target, here on the runs left out one by one

@@ -8,17 +8,31 @@ simulation has no sampling error of its own: the interval is the model error alo
 of (run, figure) pairs inside; the target is >= 80% on runs never seen (issue 29). :func:`flag_check` asks
 the other question: did the flags mark every run whose error exceeded 25%?
 
-    python -m sim.uncertainty.coverage     # the tables of docs/uncertainty.md
+    python -m sim.uncertainty.coverage [--docs [--check]]   # print, or refresh docs/uncertainty.md's blocks
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from sim.uncertainty.flags import NEAR_CAPACITY
-from sim.uncertainty.model_error import build_table, cost_class, lookup, read_validation, residuals
+from sim.uncertainty.model_error import (
+    ANY,
+    MIN_RUNS,
+    REPO_ROOT,
+    build_table,
+    cost_class,
+    load_table,
+    lookup,
+    read_validation,
+    residuals,
+)
+
+DOCS_FILE = REPO_ROOT / "docs" / "uncertainty.md"
 
 CHECKED = ("ttft_p50", "tpot", "e2e_p50", "throughput")
 """Families whose coverage is reported: the medians the targets name, and the throughput."""
@@ -71,16 +85,70 @@ def flag_check(validation: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def main() -> None:
-    """Print the coverage and flag tables."""
-    table = leave_one_out_coverage()
-    print(coverage_by_family(table).round(1).to_string(index=False))
-    print()
-    flags = flag_check()
+# --------------------------------------------------------------------------- docs blocks
+def coverage_markdown(validation: pd.DataFrame | None = None) -> str:
+    """The ``coverage`` block: coverage per family, then the flag check."""
+    by_family = coverage_by_family(leave_one_out_coverage(validation))
+    lines = ["| figure | (run, figure) pairs | inside the 90% interval | coverage | median half-width |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {r.family} | {r.pairs} | {r.covered} | {r.coverage_pct:.0f}% | ±{r.median_half_width_pct:.0f}% |"
+              for r in by_family.itertuples()]  # fmt: skip
+    flags = flag_check(validation)
     large = flags[flags["worst_error_pct"] > 100 * LARGE_ERROR]
-    print(flags.round(1).to_string(index=False))
-    print(f"runs with an error above {LARGE_ERROR:.0%}: {len(large)}, flagged: {int(large['flagged'].sum())}")
+    medians = flags[flags["worst_median_error_pct"] > 100 * LARGE_ERROR]
+    missed = ", ".join(f"{r.run} ({r.worst_error_pct:.0f}%)" for r in large.itertuples() if not r.flagged) or "none"
+    lines += ["", f"Runs with a figure more than {LARGE_ERROR:.0%} off: {len(large)} of {len(flags)} "
+              f"({int(large['flagged'].sum())} flagged; not flagged: {missed}); with a median (TTFT, TPOT, E2E) more "
+              f"than {LARGE_ERROR:.0%} off: {len(medians)}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def model_error_markdown(table: pd.DataFrame | None = None) -> str:
+    """The ``model_error`` block: the pooled cells' 90% half-widths per family, with their runs."""
+    table = load_table() if table is None else table
+    pooled = table[(table["preset"] == ANY)]
+    families = ("ttft_p50", "tpot", "e2e_p50", "throughput")
+    lines = ["| class | load | runs | used | " + " | ".join(f"{f} ±" for f in families) + " | source runs |",
+             "|---|---|---:|---|" + "---:|" * len(families) + "---|"]  # fmt: skip
+    for (klass, load), cell in pooled.groupby(["cost_class", "regime"], sort=True):
+        by_family = cell.set_index("family")
+        widths = [f"{100 * math.expm1(by_family.loc[f, 'half_width']):.0f}%" if f in by_family.index else "—"
+                  for f in families]  # fmt: skip
+        runs = int(cell["runs"].max())
+        sources = str(cell.sort_values("runs").iloc[-1]["source_runs"])
+        used = "yes" if runs >= MIN_RUNS else f"no: < {MIN_RUNS} runs, pooled"
+        lines.append(f"| {klass} | {load} | {runs} | {used} | " + " | ".join(widths) + f" | {sources} |")
+    return "\n".join(lines)
+
+
+def refresh_docs(check: bool = False, docs: Path = DOCS_FILE) -> bool:
+    """Write the ``coverage`` and ``model_error`` blocks of docs/uncertainty.md; True if they were current."""
+    from sim.io.outputs import atomic_file
+    from sim.validation.report import render_docs
+
+    current = docs.read_text()
+    fresh = render_docs(current, coverage_markdown(), "coverage")
+    fresh = render_docs(fresh, model_error_markdown(), "model_error")
+    if fresh != current and not check:
+        with atomic_file(docs) as tmp:
+            tmp.write_text(fresh)
+    return fresh == current
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the coverage and flag tables, or refresh (``--docs``) or check (``--docs --check``) the docs."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--docs", action="store_true", help="refresh the blocks of docs/uncertainty.md")
+    parser.add_argument("--check", action="store_true", help="with --docs: only say whether they are current")
+    args = parser.parse_args(argv)
+    if args.docs:
+        current = refresh_docs(check=args.check)
+        print("docs/uncertainty.md is current" if current else "docs/uncertainty.md was stale")
+        return 0 if current or not args.check else 1
+    print(coverage_by_family(leave_one_out_coverage()).round(1).to_string(index=False))
+    print(flag_check().round(1).to_string(index=False))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
