@@ -253,3 +253,20 @@ def test_the_docs_blocks_are_current_and_coverage_meets_the_target_on_the_shared
     assert refresh_docs(check=True), "run python -m sim.uncertainty.coverage --docs"
     by_family = coverage_by_family(leave_one_out_coverage()).set_index("family")
     assert by_family.loc["all", "coverage_pct"] >= 80.0  # issue 29's target, here on the runs left out one by one
+
+
+# --------------------------------------------------------------------------- bands
+def test_the_cdfs_shade_each_policys_interval_around_its_line() -> None:
+    from sim.report.html import cdf_figure
+    from sim.report.plots import latency_cdf
+    from sim.report.series import cdf_band, interval_ratios, latency_cdfs
+
+    result = sim.run(small_scenario())
+    (cdf,) = latency_cdfs(result.requests, "ttft_s")
+    low, high = cdf_band(cdf, interval_ratios(result.summary, "ttft_s")["continuous"])
+    assert np.all(low <= cdf.values_ms) and np.all(cdf.values_ms <= high) and np.any(low < high)
+    figure = latency_cdf(result.requests, "ttft_s", summary=result.summary)
+    assert [c.get_gid() for c in figure.axes[0].collections] == ["band continuous"]
+    assert not latency_cdf(result.requests, "ttft_s").axes[0].collections  # no summary, no band
+    fills = [t for t in cdf_figure(result.requests, "ttft_s", None, result.summary)["data"] if t.get("fill")]
+    assert [t["legendgroup"] for t in fills] == ["continuous"]

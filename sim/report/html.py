@@ -133,10 +133,10 @@ def cdf_figure(requests: Any, metric: str, timeout_s: float | None, summary: Any
 def _band_trace(cdf: data.CdfSeries, ratios: list[tuple[float, float, float]], color: str) -> dict[str, Any]:
     """A filled polygon around a CDF line: its 90% band (:func:`sim.report.series.cdf_band`)."""
     low, high = data.cdf_band(cdf, ratios)
-    return {"type": "scatter", "mode": "lines", "name": f"{cdf.label} 90% interval", "legendgroup": cdf.label,
+    return {"type": "scatter", "mode": "none", "name": f"{cdf.label} 90% interval", "legendgroup": cdf.label,
             "showlegend": False, "x": _list(low) + _list(high[::-1]),
             "y": _list(cdf.fractions) + _list(cdf.fractions[::-1]), "fill": "toself", "opacity": 0.2,
-            "line": {"width": 0, "color": color}, "fillcolor": color, "hoverinfo": "skip"}  # fmt: skip
+            "fillcolor": color, "hoverinfo": "skip"}  # fmt: skip
 
 
 def timeline_figure(result: RunData) -> dict[str, Any]:
