@@ -1,6 +1,7 @@
 """Fit the serving-stack terms of the vLLM presets jointly on every folder of ../shared/validation.
 
-The terms, each a mechanism (sim/vllm_defaults.py says which code it stands for):
+The machinery is the library's (:mod:`sim.calibration.serving_fit`, the same as ``python -m sim
+calibrate-serving``); this script picks the presets' five terms (:func:`sim.calibration.serving_terms.script_terms`):
 
 * ``per_request_ms``: the API server's event-loop time per request (HTTP, JSON, validation,
   tokenization), one value for vLLM V0 and V1 servers: both are the same FastAPI loop. Bursts
@@ -13,10 +14,11 @@ The terms, each a mechanism (sim/vllm_defaults.py says which code it stands for)
   CPU terms keep the fit of wave 2 (three A100 bursts, docs/validation.md).
 
 The objective is the sum of squared log errors over every run's or unsaturated stage's TTFT, TPOT,
-E2E and throughput figures (a stage the client held at its in-flight cap is not a latency
-measurement of the server). ``--leave-one-out`` refits on each folder alone, with the terms that
+E2E and throughput figures (a stage at or above 0.9 of capacity is not a latency measurement of the
+server), minimised by Nelder-Mead. ``--leave-one-out`` refits on each folder alone, with the terms that
 folder cannot identify taken from the other generation, and reports the error on the left-out
-folder: how far the terms carry to an engine version they were not fitted on.
+folder: how far the terms carry to an engine version they were not fitted on. Copy the fitted values
+into ``sim/vllm_defaults.py`` (V0_FRONTEND, V1_FRONTEND, VLLM_V1_CPU).
 
     python scripts/fit_serving.py [--leave-one-out]
 """
@@ -24,77 +26,49 @@ folder: how far the terms carry to an engine version they were not fitted on.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim import vllm_defaults  # noqa: E402
-from sim.validation.report import validate_set  # noqa: E402
+from sim.calibration import serving_fit as sf  # noqa: E402
+from sim.calibration.serving_terms import script_terms  # noqa: E402
+from sim.validation.folder import load_cases  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "validation"
 FOLDERS = ("vllm-0.6.0-burst", "vllm-0.11-h100")
-NAMES = ("per_request_ms", "v0_latency_ms", "v1_latency_ms", "v1_pass_ms", "v1_step_us_per_seq")
-START = (2.5, 3.0, 10.0, 0.2, 20.0)
-STEP = (1.0, 5.0, 10.0, 0.2, 10.0)
-"""Where the search starts and its first step per term: wave 2's loop time, a few ms of latency, the V1 CPU
-costs vLLM's V1 blog reports as small (a fraction of a ms per step)."""
-FITTED_METRICS = {
-    "ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tps",  # bursts
-    "ttft_mean_ms", "e2e_mean_ms", "tpot_derived_ms", "req_per_s",  # stages and traces
-}  # fmt: skip
+MAX_EVALUATIONS = 150
 
 
-def apply(terms: dict[str, float]) -> None:
-    """Set the presets' serving-stack terms (in place: the presets read these dicts when they resolve)."""
-    vllm_defaults.V0_FRONTEND.update(per_request_ms=terms["per_request_ms"], latency_ms=terms["v0_latency_ms"])
-    vllm_defaults.V1_FRONTEND.update(per_request_ms=terms["per_request_ms"], latency_ms=terms["v1_latency_ms"])
-    vllm_defaults.VLLM_V1_CPU.update(pass_ms=terms["v1_pass_ms"], step_us_per_seq=terms["v1_step_us_per_seq"])
+def unsaturated_cases(folders: tuple[str, ...]) -> dict[str, list]:
+    """Folder -> its cases below 0.9 of capacity under the presets."""
+    return {folder: sf.unsaturated(load_cases(SHARED / folder))[0] for folder in folders}
 
 
-def residuals(folders: tuple[str, ...]) -> pd.DataFrame:
-    """Every fitted figure of ``folders`` under the terms applied now (unsaturated stages only)."""
-    tables = []
-    for folder in folders:
-        with contextlib.redirect_stdout(io.StringIO()):
-            table = validate_set(SHARED / folder)
-        tables.append(table.assign(folder=folder))
-    table = pd.concat(tables, ignore_index=True)
-    kept = table["metric"].isin(FITTED_METRICS) & ~table["saturated"].astype(bool)
-    return table[kept & table["measured"].gt(0) & table["simulated"].gt(0)]
+def fit(names: list[str], cases: list, fixed: dict[str, float] | None = None) -> dict[str, float]:
+    """The terms ``names`` that minimise the loss on ``cases``; the other terms at ``fixed`` (else their start)."""
+    terms = script_terms()
+    held = {t.name: t.start for t in terms} | (fixed or {})
+    free = [t for t in terms if t.name in names]
+    others = [t for t in terms if t.name not in names]
+    base = sf.calibration_with(others, [held[t.name] for t in others])
+    found = sf.fit(free, cases, method="nelder-mead", max_evaluations=MAX_EVALUATIONS, base=base)
+    return held | {t.name: round(v, 2) for t, v in zip(free, found.values, strict=True)}
 
 
-def loss(x: np.ndarray, free: list[str], fixed: dict[str, float], folders: tuple[str, ...]) -> float:
-    if np.any(x < 0):
-        return math.inf
-    apply(fixed | dict(zip(free, x, strict=True)))
-    table = residuals(folders)
-    return float((np.log(table["simulated"] / table["measured"]) ** 2).sum())
-
-
-def fit(free: list[str], folders: tuple[str, ...], fixed: dict[str, float] | None = None) -> dict[str, float]:
-    """The terms ``free`` that minimise the loss on ``folders``; the others at ``fixed`` (else their start)."""
-    starts, steps = dict(zip(NAMES, START, strict=True)), dict(zip(NAMES, STEP, strict=True))
-    held = {name: starts[name] for name in NAMES if name not in free} | (fixed or {})
-    start = np.array([starts[name] for name in free])
-    simplex = np.vstack([start] + [start + np.eye(len(free))[i] * steps[name] for i, name in enumerate(free)])
-    result = minimize(loss, start, args=(free, held, folders), method="Nelder-Mead",
-                      options={"initial_simplex": simplex, "xatol": 0.05, "fatol": 1e-3, "maxfev": 150})  # fmt: skip
-    return held | dict(zip(free, (round(float(v), 2) for v in result.x), strict=True))
-
-
-def summary(folders: tuple[str, ...]) -> pd.DataFrame:
-    """Median |error| per folder and metric under the terms applied now."""
-    table = residuals(folders)
-    table = table.assign(abs_error=table["error_pct"].abs())
+def summary(values: dict[str, float], by_folder: dict[str, list]) -> pd.DataFrame:
+    """Median |error| per folder and metric under ``values``."""
+    terms = script_terms()
+    calibration = sf.calibration_with(terms, [values[t.name] for t in terms])
+    rows = []
+    for folder, cases in by_folder.items():
+        table = sf.residual_table(cases, calibration)
+        rows.append(table.assign(folder=folder, abs_error=100 * (table["simulated"] / table["measured"] - 1).abs()))
+    table = pd.concat(rows, ignore_index=True)
     return table.pivot_table(index="folder", columns="metric", values="abs_error", aggfunc="median").round(1)
 
 
@@ -102,26 +76,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leave-one-out", action="store_true", help="also fit on each folder alone")
     args = parser.parse_args()
-    joint = fit(list(NAMES), FOLDERS)
-    apply(joint)
+    by_folder = unsaturated_cases(FOLDERS)
+    everything = [case for cases in by_folder.values() for case in cases]
+    names = [t.name for t in script_terms()]
+    joint = fit(names, everything)
     print("joint fit:", joint)
-    print(summary(FOLDERS).to_string())
+    print(summary(joint, by_folder).to_string())
     if not args.leave_one_out:
         return
-    v0_only = fit(["per_request_ms", "v0_latency_ms"], (FOLDERS[0],))
+    v0_only = fit(["per_request_ms", "v0_latency_ms"], by_folder[FOLDERS[0]])
     # What the V0 folder cannot say about V1: the same latency, and V0's CPU terms run every pass.
-    carried = v0_only | {"v1_latency_ms": v0_only["v0_latency_ms"],
-                         "v1_pass_ms": vllm_defaults.VLLM_06_CPU["pass_ms"] + vllm_defaults.VLLM_06_CPU["step_ms"],
-                         "v1_step_us_per_seq": vllm_defaults.VLLM_06_CPU["step_us_per_seq"]
-                         + vllm_defaults.VLLM_06_CPU["pass_us_per_seq"]}  # fmt: skip
-    apply(carried)
+    cpu = vllm_defaults.VLLM_06_CPU
+    carried = v0_only | {"v1_latency_ms": v0_only["v0_latency_ms"], "v1_pass_ms": cpu["pass_ms"] + cpu["step_ms"],
+                         "v1_step_us_per_seq": cpu["step_us_per_seq"] + cpu["pass_us_per_seq"]}  # fmt: skip
     print("fitted on the 0.6 folder alone:", carried)
-    print(summary((FOLDERS[1],)).to_string())
-    v1_only = fit(["per_request_ms", "v1_latency_ms", "v1_pass_ms", "v1_step_us_per_seq"], (FOLDERS[1],))
+    print(summary(carried, {FOLDERS[1]: by_folder[FOLDERS[1]]}).to_string())
+    v1_only = fit(["per_request_ms", "v1_latency_ms", "v1_pass_ms", "v1_step_us_per_seq"], by_folder[FOLDERS[1]])
     carried = v1_only | {"v0_latency_ms": v1_only["v1_latency_ms"]}
-    apply(carried)
     print("fitted on the 0.11 folder alone:", carried)
-    print(summary((FOLDERS[0],)).to_string())
+    print(summary(carried, {FOLDERS[0]: by_folder[FOLDERS[0]]}).to_string())
 
 
 if __name__ == "__main__":

@@ -109,6 +109,9 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     from sim.parity import cli as parity_cli
 
     parity_cli.add_parser(sub)
+    from sim.calibration import serving_cli
+
+    serving_cli.add_parser(sub)
     try:
         from sim.sweeps import cli as sweep_cli
     except ImportError:  # sweeps are optional until the sweep package lands
@@ -161,6 +164,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="file format of the request and iteration records (overrides metrics.format, default csv); "
                         "parquet writes requests.parquet and iterations.parquet, needs pyarrow "
                         "(pip install 'batchsim[parquet]')")
+    p.add_argument("--replicates", type=int, default=1, metavar="K",
+                   help="run the scenario under K seeds (the scenario's and K-1 derived from it): each headline "
+                        "figure becomes their mean and its _lo/_hi interval narrows with K (default 1: the "
+                        "sampling error of one run's requests; docs/uncertainty.md)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
     p.set_defaults(handler=cmd_run)
 
@@ -171,7 +178,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.io.parquet import require_pyarrow, wants_parquet
     from sim.report.tables import summary_text
     from sim.runner import run
+    from sim.uncertainty.replicates import check_replicates
 
+    check_replicates(args.replicates)  # before anything runs
     if args.trace_events and args.summary_only:
         raise UserError("--trace-events needs the per-pass records that --summary-only drops; give one of them",
                         field="trace-events")
@@ -189,7 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # What is loaded by now lives until exit: spare the per-policy collections (runner) scanning it.
     gc.freeze()
     with warnings_as_lines():
-        result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only)
+        result = run(scenario, policies=args.policy, progress=not args.quiet, summary_only=args.summary_only,
+                     replicates=args.replicates)
     result.save(out_dir, plots=not args.no_plots, trace_events=args.trace_events, json=args.json, html=args.html)
     if not args.quiet:
         from sim.io.outputs import deployment_text
@@ -199,6 +209,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{scenario.name}: {facts['requests']} requests, {facts['model_hf_name']} on {where}, "
               f"cost model {facts['cost_model']}, simulated in {result.runtime_s:.1f}s")
         print(summary_text(result.summary))
+        from sim.uncertainty.flags import flag_lines
+
+        for line in flag_lines(result.summary):
+            print(line)
         print(f"wrote {out_dir}/")
     return 0
 

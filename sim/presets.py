@@ -63,12 +63,15 @@ class Preset:
         fields: ``fields(facts, given)``, the policy fields it sets.
         sources: where each default comes from, by policy field (``"*"``: for all of them).
         alias_of: the preset this name stands for (None: its own).
+        generation: the vLLM engine generation whose serving-stack terms (``frontend``, ``engine_cpu``) it
+            shares, ``v0`` or ``v1``, which a serving calibration file fits per generation (None: no such terms).
     """
 
     label: str
     fields: Fields
     sources: dict[str, str] = field(default_factory=dict)
     alias_of: str | None = None
+    generation: str | None = None
 
 
 def _version(rule: Callable[..., dict[str, Any]]) -> Fields:
@@ -83,7 +86,10 @@ def _vllm_0_5(facts: DeploymentFacts, given: Mapping[str, Any]) -> dict[str, Any
 
 
 _VLLM_0_15 = Preset(
-    "vLLM 0.15.1 (V1: chunked prefill, prefix caching, async scheduling)", _version(vllm_0_15_1), SOURCES_0_15_1
+    "vLLM 0.15.1 (V1: chunked prefill, prefix caching, async scheduling)",
+    _version(vllm_0_15_1),
+    SOURCES_0_15_1,
+    generation="v1",
 )
 
 PRESETS: dict[str, Preset] = {
@@ -98,14 +104,24 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "vllm-0.6": Preset(
-        "vLLM 0.6.0 (V0: prefill-first, no chunking below 32K context)", _version(vllm_0_6_0), SOURCES_0_6_0
+        "vLLM 0.6.0 (V0: prefill-first, no chunking below 32K context)",
+        _version(vllm_0_6_0),
+        SOURCES_0_6_0,
+        generation="v0",
     ),
-    "vllm-0.9": Preset("vLLM 0.9.2 with the V0 engine (VLLM_USE_V1=0)", _version(vllm_0_9_2_v0), SOURCES_0_9_2),
+    "vllm-0.9": Preset(
+        "vLLM 0.9.2 with the V0 engine (VLLM_USE_V1=0)", _version(vllm_0_9_2_v0), SOURCES_0_9_2, generation="v0"
+    ),
     "vllm-0.11": Preset(
-        "vLLM 0.11.0 (V1: chunked prefill, prefix caching, no async scheduling)", _version(vllm_0_11_0), SOURCES_0_11_0
+        "vLLM 0.11.0 (V1: chunked prefill, prefix caching, no async scheduling)",
+        _version(vllm_0_11_0),
+        SOURCES_0_11_0,
+        generation="v1",
     ),
     "vllm-0.15": _VLLM_0_15,
-    "vllm-v1": Preset(_VLLM_0_15.label, _VLLM_0_15.fields, _VLLM_0_15.sources, alias_of="vllm-0.15"),
+    "vllm-v1": Preset(
+        _VLLM_0_15.label, _VLLM_0_15.fields, _VLLM_0_15.sources, alias_of="vllm-0.15", generation="v1"
+    ),
     "sarathi": Preset(
         "Sarathi-Serve (chunked prefill, whole-prompt KV)",
         lambda facts, given: {
@@ -139,8 +155,19 @@ PRESETS: dict[str, Preset] = {
 """Preset name -> engine defaults (``vllm-v1`` is the current V1 line, vllm-0.15)."""
 
 
-def expand_preset(entry: dict[str, Any], facts: DeploymentFacts) -> dict[str, Any]:
+ServingTerms = Mapping[str, Mapping[str, Mapping[str, float]]]
+"""Serving-stack terms by engine generation, then by policy field: ``{"v1": {"frontend": {"latency_ms": 15.0},
+"engine_cpu": {"pass_ms": 0.2}}}`` (what a serving calibration file holds, :mod:`sim.calibration.serving_file`)."""
+
+
+def expand_preset(
+    entry: dict[str, Any], facts: DeploymentFacts, serving: ServingTerms | None = None
+) -> dict[str, Any]:
     """The policy entry with its preset's defaults filled in under the fields it sets itself.
+
+    With ``serving`` (a calibration's terms), the terms of the preset's engine generation replace the
+    preset's own within its ``frontend`` and ``engine_cpu`` blocks; a block the entry sets itself still
+    wins whole. Order of precedence: the entry, the calibration, the preset.
 
     Raises:
         UserError: unknown preset, a ``kind`` that contradicts the preset's, or a setting the
@@ -162,7 +189,20 @@ def expand_preset(entry: dict[str, Any], facts: DeploymentFacts) -> dict[str, An
         raise UserError(
             f"{label}.kind = {shown(kind)}: preset {name} is kind {defaults['kind']!r}; drop kind or the preset"
         )
+    defaults = _with_serving_terms(defaults, PRESETS[name].generation, serving)
     return {**{k: v for k, v in defaults.items() if v is not None}, **entry}
+
+
+def _with_serving_terms(
+    defaults: dict[str, Any], generation: str | None, serving: ServingTerms | None
+) -> dict[str, Any]:
+    """``defaults`` with the calibration's terms of ``generation`` merged into the blocks the preset sets."""
+    terms = (serving or {}).get(generation or "", {})
+    merged = dict(defaults)
+    for block, values in terms.items():
+        if isinstance(merged.get(block), Mapping):
+            merged[block] = {**merged[block], **values}
+    return merged
 
 
 def preset_lines(max_model_len: int = 8192) -> list[str]:

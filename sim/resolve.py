@@ -145,7 +145,12 @@ class ResolvedScenario:
             "num_gpus": self.num_gpus,
             "requests": len(self.stream),
             "max_output_tokens": self.stream.max_output_tokens,
-        } | self._pipeline_facts()
+        } | self._pipeline_facts() | self._scale_facts()
+
+    def _scale_facts(self) -> dict[str, Any]:
+        """The GPU time scale of a serving calibration (nothing when there is none)."""
+        scale = self.cost_model.gpu_time_scale
+        return {"step_scale": scale} if scale != 1.0 else {}
 
     def _pipeline_facts(self) -> dict[str, Any]:
         """Stage layers and each virtual engine's KV blocks (nothing without pipeline stages)."""
@@ -190,13 +195,14 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         share = getattr(policy, "gpu_memory_utilization", None)
         if share is not None:
             _kv_budget(scenario, model, gpu, share)
+    scale = scenario.cost.step_scale  # the per-GPU correction of a serving calibration (1: none)
     cost_model = load_cost_model(
         scenario.model,
         scenario.gpu,
         scenario.tensor_parallel,
         cpu_overhead=scenario.cost.cpu_overhead,
         expert_parallel=scenario.expert_parallel,
-    )
+    ).scaled(scale)
     gpu_cost_model = None
     if any(getattr(p, "engine_cpu", None) is not None for p in scenario.policies):
         gpu_cost_model = load_cost_model(
@@ -205,7 +211,7 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
             scenario.tensor_parallel,
             cpu_overhead=False,
             expert_parallel=scenario.expert_parallel,
-        )
+        ).scaled(scale)
     stream = build_request_stream(scenario.workload, scenario.seed, scenario.base_dir)
     check_arrival_span(stream)
     max_len, source = _context_window(scenario, model)
@@ -213,6 +219,7 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
     drafts = draft_cost_models(
         list(scenario.policies), model, scenario.gpu, scenario.tensor_parallel, cpu_overhead=scenario.cost.cpu_overhead
     )
+    drafts = {name: draft.scaled(scale) for name, draft in drafts.items()}  # the same GPU runs the draft
     resolved = ResolvedScenario(
         scenario,
         model,

@@ -12,7 +12,7 @@ import gc
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,9 @@ from sim.policy_run import simulate_policy
 from sim.resolve import ResolvedScenario, resolve
 from sim.result import RunData
 from sim.saturation import load_fraction
+from sim.uncertainty.intervals import workload_seed_free
+from sim.uncertainty.replicates import check_replicates, replicate_seed
+from sim.uncertainty.trust import PolicyEvidence, policy_evidence, with_trust_columns
 
 ProgressFactory = Callable[[str, int], Callable[[float, int], None] | None]
 
@@ -102,6 +105,7 @@ def run(
     *,
     summary_only: bool = False,
     load_frac: bool = True,
+    replicates: int = 1,
 ) -> RunResult:
     """Simulate every policy of a scenario on one common request stream.
 
@@ -118,10 +122,18 @@ def run(
             :func:`sim.metrics.estimate.estimate_run` expects a large run without it.
         load_frac: measure each policy's ``load_frac`` (a capacity replay: a second simulation);
             False leaves it NaN, for searches that read only latencies and costs.
+        replicates: K seeds to run the scenario under (:mod:`sim.uncertainty.replicates`): replicate 0 is the
+            scenario's seed and gives the records; with K > 1 every headline figure is the mean over the K
+            replicates and its interval their spread (the other replicates keep only their summaries).
 
     Returns:
-        RunResult with summary, per-request and (sampled) per-iteration tables.
+        RunResult with summary (its trust columns appended: :mod:`sim.uncertainty.trust`), per-request and
+        (sampled) per-iteration tables.
+
+    Raises:
+        UserError: a bad scenario or policy name, an unservable request, or ``replicates`` outside 1..1000.
     """
+    count = check_replicates(replicates)
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     selected = select_policies(scenario, policies)
@@ -130,14 +142,15 @@ def run(
     warn_if_large(resolved, [p for p in selected if not isinstance(p, DisaggregationConfig)], summary_only=summary_only)
     factory = _progress_factory(progress)
     started = time.perf_counter()
+    fixed = workload_seed_free(resolved)
     per_policy = {
-        p.name: _run_policy(
-            resolved, p, factory, index=k, count=len(selected), summary_only=summary_only, load_frac=load_frac
-        )
+        p.name: _run_policy(resolved, p, factory, index=k, count=len(selected), summary_only=summary_only,
+                            load_frac=load_frac, workload_fixed=fixed)
         for k, p in enumerate(selected, start=1)
-    }
+    }  # fmt: skip
+    others = [_replicate_summary(scenario, [p.name for p in selected], k, load_frac) for k in range(1, count)]
     runtime_s = time.perf_counter() - started
-    result = _assemble(resolved, per_policy, runtime_s, summary_only=summary_only)
+    result = _assemble(resolved, per_policy, runtime_s, summary_only=summary_only, replicates=others)
     message = warmup_warning(scenario.metrics.warmup_s, result.summary)
     if message:
         warnings.warn(message, UserWarning, stacklevel=2)
@@ -169,14 +182,28 @@ def _run_policy(
     count: int,
     summary_only: bool,
     load_frac: bool = True,
+    workload_fixed: bool | None = None,
 ) -> _Kept:
-    """Simulate one policy and condense its records, its summary row with ``load_frac`` (when measured)."""
+    """Simulate one policy and condense its records, its summary row with ``load_frac`` (when measured), and
+    (given ``workload_fixed``) what its trust columns need from its full records."""
     out = _simulate_policy(resolved, policy, factory, index=index, count=count)
     # its capacity replay, while the records live
     fraction = load_fraction(resolved, policy, out.requests) if load_frac else float("nan")
     kept = _condense(resolved, policy.name, out, summary_only=summary_only)
     kept.row["load_frac"] = fraction
+    if workload_fixed is not None:
+        kept.evidence[policy.name] = policy_evidence(resolved, policy, out, kept.row, workload_fixed)
     return kept
+
+
+def _replicate_summary(scenario: Scenario, names: list[str], replicate: int, load_frac: bool) -> pd.DataFrame:
+    """The summary rows of ``names`` under replicate ``replicate``'s seed (records dropped as they are summarized)."""
+    other = scenario.replace(seed=replicate_seed(scenario.seed, replicate))
+    resolved = resolve(other)
+    selected = select_policies(other, names)
+    rows = [_run_policy(resolved, p, None, index=k, count=len(selected), summary_only=True, load_frac=load_frac).row
+            for k, p in enumerate(selected, start=1)]  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def _simulate_policy(
@@ -200,6 +227,7 @@ class _Kept:
     iterations: pd.DataFrame  # every ``every``-th row, or none (summary only)
     every: int  # 0 when summary only
     benchmark: dict[str, Any]  # benchmark_serving-style figures, computed from all the records
+    evidence: dict[str, PolicyEvidence] = field(default_factory=dict)  # its trust columns' inputs (replicate 0)
 
 
 def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: bool) -> _Kept:
@@ -251,10 +279,14 @@ def _condense(resolved: ResolvedScenario, name: str, out: Any, *, summary_only: 
 
 
 def _assemble(
-    resolved: ResolvedScenario, per_policy: dict[str, _Kept], runtime_s: float, *, summary_only: bool = False
+    resolved: ResolvedScenario, per_policy: dict[str, _Kept], runtime_s: float, *, summary_only: bool = False,
+    replicates: list[pd.DataFrame] | None = None,
 ) -> RunResult:
     scenario = resolved.scenario
     summary = pd.DataFrame([kept.row for kept in per_policy.values()])
+    evidence = {name: found for kept in per_policy.values() for name, found in kept.evidence.items()}
+    if evidence:
+        summary = with_trust_columns(summary, evidence, replicates or [])
     requests = _stack({n: k.requests for n, k in per_policy.items()})
     iterations = _stack({n: k.iterations for n, k in per_policy.items()})
     facts = resolved.facts()

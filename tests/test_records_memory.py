@@ -32,6 +32,7 @@ from sim.metrics.estimate import estimate_run, forward_passes, warn_if_large
 from sim.metrics.records import ALL_REDUCE_COLUMN, ITERATION_COLUMNS, IterationRecords, sample_every_kth
 from sim.metrics.summary import summarize_run
 from sim.resolve import resolve
+from sim.uncertainty.trust import TRUST_COLUMNS
 from sim.serving.engine import SimOutput, simulate
 
 MAX_ROWS = 50
@@ -122,7 +123,7 @@ def test_summary_is_that_of_the_unsampled_records(
             work=resolve(scenario).pass_work,
             pools=pools,
         )
-        assert list(row) == list(expected)
+        assert list(row) == [*expected, *TRUST_COLUMNS]  # the trust columns are appended by the runner
         assert math.isnan(expected.pop("load_frac"))  # the runner's, from its capacity replay (sim/saturation.py)
         for column, value in expected.items():
             same = value == row[column] or (isinstance(value, float) and math.isnan(value) and math.isnan(row[column]))

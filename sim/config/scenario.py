@@ -124,6 +124,15 @@ class Scenario(StrictModel):
         description="A prefill/decode disaggregated deployment run on the same requests next to the colocated "
         "policies (which use replicas), as its own row labelled by its name (default: none).",
     )
+    calibration: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="A serving calibration file written by python -m sim calibrate-serving (a path relative to the "
+        "scenario file, else to the working directory): its terms of each vllm-* preset's engine generation "
+        "(front end, engine CPU time) replace the preset's, and its step scale of this scenario's gpu becomes "
+        "cost.step_scale; what a policy or cost block sets itself still wins (docs/uncertainty.md).",
+    )
 
     # Folder of the scenario file: relative data paths are resolved against it.
     _base_dir: str | None = PrivateAttr(default=None)
@@ -153,11 +162,16 @@ class Scenario(StrictModel):
             data = expand_pool_presets(raw, lambda gpu: _deployment_facts(raw if gpu is None else {**raw, "gpu": gpu}))
         if not isinstance(data, dict) or not isinstance(data.get("policies"), list):
             return data
+        serving = None
+        if data.get("calibration") is not None:
+            from sim.io.serving_calibration import calibrated_raw
+
+            data, serving = calibrated_raw(data)
         if any(isinstance(p, dict) and "preset" in p for p in data["policies"]):
             from sim.presets import expand_preset
 
             facts = _deployment_facts(data)
-            policies = [expand_preset(p, facts) if isinstance(p, dict) else p for p in data["policies"]]
+            policies = [expand_preset(p, facts, serving) if isinstance(p, dict) else p for p in data["policies"]]
             data = {**data, "policies": policies}
         return _fill_acceptance(data)
 

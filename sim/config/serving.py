@@ -76,6 +76,15 @@ class CostConfig(StrictModel):
     """Options of the iteration cost model."""
 
     cpu_overhead: bool = Field(True, description="Add the engine's per-iteration CPU time (schedule, prepare, sample).")
+    step_scale: Float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="Multiply every GPU term of a pass (linear ops, LM head, attention, all-reduce; not the CPU time) "
+        "by this: a per-GPU correction of the step cost fitted on real runs by python -m sim calibrate-serving, set "
+        "by the scenario's calibration file unless given here (docs/uncertainty.md). Applies to the scenario's gpu, "
+        "not to the pools of a disaggregation block.",
+    )
 
 
 class ClientConfig(StrictModel):

@@ -39,6 +39,7 @@ from sim.hardware.calibration_files import (
 from sim.hardware.catalog import GPUSpec, ModelSpec, check_tensor_parallel, get_gpu, get_model
 from sim.hardware.curves import PiecewiseLinear
 from sim.hardware.moe import check_expert_parallel
+from sim.hardware.profiled_range import ProfiledRange
 from sim.hardware.same_shape import load_same_shape
 from sim.hardware.transfer import label_for, roofline_calibration
 
@@ -73,7 +74,13 @@ class CostModel:
         fit_error: held-out / transfer error per component, as in the calibration.
         num_layers: transformer blocks of the model (a per-layer share of a pass, e.g. an EAGLE head).
         all_reduce_spec: the all-reduce settings the tables were built for.
+        profiled: the step shapes its fits were measured at (None: unknown); passes beyond them are
+            priced by extrapolation (:mod:`sim.hardware.profiled_range`).
+        gpu_time_scale: the factor its GPU terms carry (:meth:`scaled`; 1 as loaded).
     """
+
+    profiled: ProfiledRange | None = None
+    gpu_time_scale: float = 1.0
 
     def __init__(
         self,
@@ -111,7 +118,28 @@ class CostModel:
     def _set_all_reduce(self, spec: AllReduceSpec) -> None:
         self.all_reduce_spec = spec
         self._graph_tokens, self._graph_mixed = spec.graph_max_tokens, spec.graph_mixed_batches
-        self._ar = _AllReducePricing.build(self._ar_section, self._model, self._gpu, spec)
+        self._ar = _AllReducePricing.build(self._ar_section, self._model, self._gpu, spec, self.gpu_time_scale)
+
+    def scaled(self, factor: float) -> CostModel:
+        """This cost model with every GPU term (linear ops, LM head, attention, all-reduce) times ``factor``,
+        the CPU term unchanged: a per-GPU correction of the step cost fitted on real runs
+        (``cost.step_scale``, docs/uncertainty.md). ``self`` when ``factor`` is 1.
+
+        Raises:
+            ValueError: ``factor`` is not a positive finite number.
+        """
+        if not (np.isfinite(factor) and factor > 0):
+            raise ValueError(f"a GPU time scale must be a positive finite number, got {factor!r}")
+        if factor == 1.0:
+            return self
+        other = copy.copy(self)
+        other.gpu_time_scale = self.gpu_time_scale * factor
+        other._linear, other._lm_head = self._linear.scaled(y_scale=factor), self._lm_head.scaled(y_scale=factor)
+        other._linear_t, other._lm_head_t = other._linear.table(TABLE_SIZE), other._lm_head.table(TABLE_SIZE)
+        other._d0, other._d1, other._d2 = (factor * v for v in (self._d0, self._d1, self._d2))
+        other._p0, other._p1, other._p2, other._p3 = (factor * v for v in (self._p0, self._p1, self._p2, self._p3))
+        other._set_all_reduce(self.all_reduce_spec)
+        return other
 
     def with_all_reduce(self, spec: AllReduceSpec) -> CostModel:
         """This cost model with its all-reduces run as ``spec`` says (``self`` when it already does)."""
@@ -278,16 +306,16 @@ class _AllReducePricing:
 
     @classmethod
     def build(
-        cls, section: dict | None, model: ModelSpec, gpu: GPUSpec | None, spec: AllReduceSpec
+        cls, section: dict | None, model: ModelSpec, gpu: GPUSpec | None, spec: AllReduceSpec, scale: float = 1.0
     ) -> _AllReducePricing | None:
-        """The tables for a calibration's ``all_reduce`` section (None at TP 1: nothing to reduce)."""
+        """The tables for a calibration's ``all_reduce`` section (None at TP 1: nothing to reduce), times ``scale``."""
         if not section:
             return None
         assert gpu is not None, "an all-reduce section needs its GPU"
         gpus = int(section["gpus"])
         nccl_ms = PiecewiseLinear(section["message_bytes"], section["ms"]).at  # message bytes -> ms of one call
         per_token_bytes = float(model.hidden_size * model.dtype_bytes)
-        calls_s = 2 * model.num_layers * _MS  # two all-reduces per layer, ms -> s
+        calls_s = 2 * model.num_layers * _MS * scale  # two all-reduces per layer, ms -> s
 
         def price(tokens: np.ndarray, graphed: bool) -> np.ndarray:
             return calls_s * per_call_ms(spec, gpu, gpus, nccl_ms, tokens * per_token_bytes, graphed=graphed)
@@ -386,7 +414,10 @@ def _build(
 ) -> CostModel:
     cpu_overhead, gpu, all_reduce = options
     try:
-        return CostModel(data, spec, label=label, source=source, cpu_overhead=cpu_overhead, gpu=gpu,
-                         all_reduce=all_reduce)  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
+        model = CostModel(data, spec, label=label, source=source, cpu_overhead=cpu_overhead, gpu=gpu,
+                          all_reduce=all_reduce)  # fmt: skip
+        # A calibration's (or its same-shape twin's) linear knots are profiled token counts; a roofline's are a grid.
+        model.profiled = ProfiledRange.of(data, profiled_linear=label == "calibrated" or label.startswith("same-shape"))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise UserError(f"{path}: corrupt calibration ({type(exc).__name__}: {exc})") from None
+    return model

@@ -26,6 +26,7 @@ from pandas import CategoricalDtype
 if TYPE_CHECKING:
     import pandas as pd
 
+CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far finer than the model's accuracy
 CHUNK_ROWS = 32_768
 """Rows turned into Python objects at a time (bounds the writer's memory on million-row tables)."""
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.errors import UserError
+from sim.io.csv_writer import CSV_FLOAT_FORMAT  # noqa: F401 (re-exported: every table writer uses it)
 from sim.io.parquet import PARQUET_FILES, require_pyarrow, wants_parquet, write_records_parquet
 from sim.io.safe_paths import Target, check_target, shown
 from sim.io.safe_write import atomic_file, make_folders, remove_folders, write_error  # noqa: F401 (re-exported)
@@ -60,11 +61,10 @@ from sim.io.yaml_reader import first_key, read_text_file
 if TYPE_CHECKING:
     from sim.result import RunData
 
-CSV_FLOAT_FORMAT = "%.6g"  # six significant digits: byte-stable files, far finer than the model's accuracy
 
 PLOTS = {
-    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r)),
-    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r)),
+    "ttft_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="ttft_s", timeout_s=_timeout_s(r), summary=r.summary),
+    "e2e_cdf.png": lambda r, p: p.latency_cdf(r.requests, metric="e2e_s", timeout_s=_timeout_s(r), summary=r.summary),
     "timeline.png": lambda r, p: p.timeline(
         r.iterations, requests=r.requests, every=r.iterations_every, replicas=r.replicas_per_policy
     ),
@@ -413,7 +413,10 @@ def _summary_md(result: RunData, render: Callable[[pd.DataFrame], str]) -> str:
         f"KV cache {facts['kv_capacity_tokens_per_replica']} tokens per replica, cost model: "
         f"{facts['cost_model']}.\n\n"
     )
-    return head + render(result.summary) + "\n"
+    from sim.report.tables import trust_notes
+
+    return head + render(result.summary) + trust_notes(result.summary)
+
 
 
 def write_plots(result: RunData, folder: Path) -> None:

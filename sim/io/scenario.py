@@ -41,14 +41,23 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise UserError(f"{path}: a scenario must be a YAML mapping (key: value lines), got {got}")
-    scenario = scenario_from_dict(raw, overrides)
-    scenario._base_dir = str(path.resolve().parent)
+    base_dir = str(path.resolve().parent)
+    scenario = scenario_from_dict(raw, overrides, base_dir=base_dir)
+    scenario._base_dir = base_dir
     return scenario
 
 
-def scenario_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Scenario:
-    """Validate a plain dict (as from YAML) into a Scenario, after applying overrides."""
-    return Scenario.from_data(with_overrides(raw, overrides))
+def scenario_from_dict(
+    raw: dict[str, Any], overrides: dict[str, Any] | None = None, *, base_dir: str | None = None
+) -> Scenario:
+    """Validate a plain dict (as from YAML) into a Scenario, after applying overrides; a relative
+    ``calibration`` path is looked up in ``base_dir`` (the scenario file's folder) first."""
+    data = with_overrides(raw, overrides)
+    if isinstance(data.get("calibration"), str) and data["calibration"]:
+        from sim.io.serving_calibration import resolve_calibration_path
+
+        data = {**data, "calibration": resolve_calibration_path(data["calibration"], base_dir)}
+    return Scenario.from_data(data)
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

@@ -90,17 +90,21 @@ def report_figures(result: RunData) -> dict[str, dict[str, Any]]:
         return {}
     client = result.scenario.client
     timeout_s = client.timeout_s if client else None
-    figures = {metric: cdf_figure(result.requests, metric, timeout_s) for metric in CDF_METRICS}
+    figures = {metric: cdf_figure(result.requests, metric, timeout_s, result.summary) for metric in CDF_METRICS}
     figures["timeline"] = timeline_figure(result)
     return figures
 
 
-def cdf_figure(requests: Any, metric: str, timeout_s: float | None) -> dict[str, Any]:
-    """One latency CDF: a line per policy plus its p50/p99 markers; a timeout line when any timed out."""
+def cdf_figure(requests: Any, metric: str, timeout_s: float | None, summary: Any = None) -> dict[str, Any]:
+    """One latency CDF: a line per policy plus its p50/p99 markers, a shaded 90% band where ``summary`` has the
+    interval columns; a timeout line when any timed out."""
     traces: list[dict[str, Any]] = []
     cdfs = data.latency_cdfs(requests, metric, timeout_s=timeout_s, points=HTML_CDF_POINTS)
+    bands = data.interval_ratios(summary, metric)
     for index, cdf in enumerate(cdfs):
         style = {"color": COLORS[index % len(COLORS)], "dash": DASHES[index % len(DASHES)], "shape": "hv"}
+        if cdf.label in bands:
+            traces.append(_band_trace(cdf, bands[cdf.label], style["color"]))
         traces.append({"type": "scatter", "mode": "lines", "name": _legend(cdf), "legendgroup": cdf.label,
                        "x": _list(cdf.values_ms), "y": _list(cdf.fractions), "line": style,
                        "hovertemplate": "%{x:.4g} ms: %{y:.3f}<extra>" + html.escape(cdf.label) + "</extra>"})
@@ -111,7 +115,7 @@ def cdf_figure(requests: Any, metric: str, timeout_s: float | None) -> dict[str,
                        "marker": {"color": style["color"], "symbol": [m[2] for m in marks], "size": 9}})
     name = data.METRIC_NAMES.get(metric, metric)
     layout: dict[str, Any] = {
-        "title": {"text": f"{name} CDF (● p50, ▲ p99)"}, "height": 420,
+        "title": {"text": f"{name} CDF (● p50, ▲ p99{', shaded: 90% interval' if bands else ''})"}, "height": 420,
         "xaxis": {"type": "log", "title": {"text": f"{name} (ms, log scale)"}},
         "yaxis": {"title": {"text": "fraction of sent requests"}, "range": [0, 1.02]},
         "legend": {"orientation": "h", "y": -0.25}, "margin": {"t": 50, "b": 40},
@@ -124,6 +128,15 @@ def cdf_figure(requests: Any, metric: str, timeout_s: float | None) -> dict[str,
         layout["annotations"] = [{"x": at, "xref": "x", "y": 0.6, "yref": "y", "xanchor": "right", "showarrow": False,
                                   "text": f"client timeout {timeout_s:g} s<br>timed out: {html.escape(shares)}"}]
     return {"data": traces, "layout": layout}
+
+
+def _band_trace(cdf: data.CdfSeries, ratios: list[tuple[float, float, float]], color: str) -> dict[str, Any]:
+    """A filled polygon around a CDF line: its 90% band (:func:`sim.report.series.cdf_band`)."""
+    low, high = data.cdf_band(cdf, ratios)
+    return {"type": "scatter", "mode": "none", "name": f"{cdf.label} 90% interval", "legendgroup": cdf.label,
+            "showlegend": False, "x": _list(low) + _list(high[::-1]),
+            "y": _list(cdf.fractions) + _list(cdf.fractions[::-1]), "fill": "toself", "opacity": 0.2,
+            "fillcolor": color, "hoverinfo": "skip"}  # fmt: skip
 
 
 def timeline_figure(result: RunData) -> dict[str, Any]:

@@ -49,7 +49,8 @@ _STABLE_METADATA: dict[str, dict[str, None]] = {
 
 
 def latency_cdf(
-    requests: pd.DataFrame, metric: str = "ttft_s", by: str = "policy", timeout_s: float | None = None
+    requests: pd.DataFrame, metric: str = "ttft_s", by: str = "policy", timeout_s: float | None = None,
+    summary: pd.DataFrame | None = None,
 ) -> Figure:
     """Empirical CDF of a per-request latency over all sent requests, in ms on a log axis.
 
@@ -62,13 +63,20 @@ def latency_cdf(
         metric: latency column in seconds, e.g. ``ttft_s``, ``tpot_s``, ``e2e_s``.
         by: grouping column; absent means one group.
         timeout_s: the client timeout (``scenario.client.timeout_s``), None when there is none.
+        summary: the run's summary; with its interval columns each line gets a shaded band (gid ``band <label>``),
+            its percentiles' 90% intervals (:func:`sim.report.series.cdf_band`).
 
     Returns:
         A Figure with one Axes and one line per group with a value.
     """
     fig, (ax,) = _figure(1)
     cdfs = data.latency_cdfs(requests, metric, by, timeout_s)
+    bands = data.interval_ratios(summary, metric)
     for index, cdf in enumerate(cdfs):
+        if cdf.label in bands:
+            low, high = data.cdf_band(cdf, bands[cdf.label])
+            ax.fill_betweenx(cdf.fractions, low, high, step="post", color=_color(index), alpha=0.15, linewidth=0,
+                             gid=f"band {cdf.label}")  # fmt: skip
         ax.plot(cdf.values_ms, cdf.fractions, label=_cdf_label(cdf), drawstyle="steps-post", color=_color(index),
                 linestyle=_style(index), gid=f"cdf {cdf.label}")  # fmt: skip
         for name, value, fraction, marker in (("p50", cdf.p50_ms, 0.5, "o"), ("p99", cdf.p99_ms, 0.99, "^")):
@@ -80,8 +88,8 @@ def latency_cdf(
     name = METRIC_NAMES.get(metric, metric)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 1,000 reads faster than 10^3
-    ax.set(xlabel=f"{name} (ms, log scale)", ylabel="fraction of sent requests", ylim=(0, 1.02),
-           title=f"{name} CDF (o p50, ^ p99)")  # fmt: skip
+    title = f"{name} CDF (o p50, ^ p99{', shaded: 90% interval' if bands else ''})"
+    ax.set(xlabel=f"{name} (ms, log scale)", ylabel="fraction of sent requests", ylim=(0, 1.02), title=title)
     _finish(ax)
     return fig
 

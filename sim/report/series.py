@@ -132,6 +132,39 @@ def _cdf(label: str, group: pd.DataFrame, metric: str, timeout_s: float | None, 
     )
 
 
+BAND_PERCENTILES: dict[str, tuple[tuple[str, float], ...]] = {
+    "ttft_s": (("ttft_p50_s", 0.5), ("ttft_p90_s", 0.9), ("ttft_p99_s", 0.99)),
+    "tpot_s": (("tpot_p50_s", 0.5), ("tpot_p99_s", 0.99)),
+    "e2e_s": (("e2e_p50_s", 0.5), ("e2e_p90_s", 0.9), ("e2e_p99_s", 0.99)),
+}
+"""Latency -> the summary percentiles (column, fraction) whose 90% intervals make its CDF's band."""
+
+
+def interval_ratios(summary: pd.DataFrame | None, metric: str) -> dict[str, list[tuple[float, float, float]]]:
+    """Per policy: (fraction, lo / value, hi / value) of the summary's 90% intervals of ``metric``'s percentiles
+    (``<column>_lo``/``_hi``, :mod:`sim.uncertainty.trust`), finite ones only; empty without those columns."""
+    found: dict[str, list[tuple[float, float, float]]] = {}
+    if summary is None or metric not in BAND_PERCENTILES:
+        return found
+    for _, row in summary.iterrows():
+        points = []
+        for column, fraction in BAND_PERCENTILES[metric]:
+            value, lo, hi = (row.get(c, math.nan) for c in (column, f"{column}_lo", f"{column}_hi"))
+            if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, lo, hi)) and value > 0:
+                points.append((fraction, lo / value, hi / value))
+        if points:
+            found[str(row["policy"])] = points
+    return found
+
+
+def cdf_band(cdf: CdfSeries, ratios: list[tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The band around a CDF: each point's latency times its percentile's interval ratios, interpolated between the
+    summary's percentiles (the lowest one's below it, the highest one's above it)."""
+    fractions, low, high = (np.asarray(v) for v in zip(*ratios, strict=True))
+    at = np.clip(cdf.fractions, fractions[0], fractions[-1])
+    return cdf.values_ms * np.interp(at, fractions, low), cdf.values_ms * np.interp(at, fractions, high)
+
+
 def cdf_legend(cdf: CdfSeries, rejected_note: str = "") -> str:
     """A CDF line's legend: its p50 and p99, and the timed-out and rejected shares when there are any."""
     text = f"{cdf.label}: p50 {format_ms(cdf.p50_ms)}, p99 {format_ms(cdf.p99_ms)}"

@@ -145,9 +145,38 @@ def summary_cells(
     (columns chosen as by :func:`summary_markdown`), for other renderings such as HTML."""
     chosen = _choose_columns(summary, columns, MARKDOWN_COLUMNS)
     headers = [_format_of(c).header for c in chosen]
-    rows = [[format_value(summary[c].iloc[i], c) for c in chosen] for i in range(len(summary))]
+    rows = [[format_value(summary[c].iloc[i], c) + interval_suffix(summary, c, i) for c in chosen]
+            for i in range(len(summary))]  # fmt: skip
     numeric = [_format_of(c).decimals is not None for c in chosen]
     return headers, rows, numeric
+
+
+def interval_suffix(summary: pd.DataFrame, column: str, row: int) -> str:
+    """`` ± x%`` for a figure with ``<column>_lo``/``_hi`` in ``summary`` (x: the wider side of its 90% interval,
+    relative to the figure); empty without them or where the figure is 0 or missing."""
+    lo_column, hi_column = f"{column}_lo", f"{column}_hi"
+    if lo_column not in summary.columns or hi_column not in summary.columns:
+        return ""
+    value, lo, hi = (summary[c].iloc[row] for c in (column, lo_column, hi_column))
+    if any(v is None or pd.isna(v) for v in (value, lo, hi)) or float(value) == 0:
+        return ""
+    relative = max(float(value) - float(lo), float(hi) - float(value)) / abs(float(value))
+    if relative == float("inf"):  # too few requests to bound a tail percentile
+        return " ± ∞"
+    return f" ± {relative:.0%}" if relative >= 0.005 or relative == 0 else " ± <1%"
+
+
+def trust_notes(summary: pd.DataFrame) -> str:
+    """What follows the table in ``summary.md``: what ± means and what the intervals rest on, then one line per
+    flag that fired (:func:`sim.uncertainty.flags.flag_lines`); a blank line for a summary without them."""
+    from sim.uncertainty.flags import flag_lines
+
+    if "interval_basis" not in summary.columns:
+        return "\n"
+    basis = "; ".join(f"{p}: {b}" for p, b in zip(summary["policy"], summary["interval_basis"], strict=True))
+    lines = [f"± x%: the wider side of each figure's 90% interval (summary.csv <metric>_lo/_hi; docs/uncertainty.md). "
+             f"It rests on {basis}."]  # fmt: skip
+    return "\n" + "\n\n".join(lines + flag_lines(summary)) + "\n"
 
 
 def summary_text(summary: pd.DataFrame) -> str:

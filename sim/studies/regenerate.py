@@ -37,6 +37,18 @@ def _validation(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> No
     report_validation(out_dir, log=log)
 
 
+def _model_error(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.uncertainty.model_error import refresh_package_table
+
+    refresh_package_table(out_dir / "validation", log=log)
+
+
+def _serving_calibration(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
+    from sim.calibration.serving_cli import write_shared_calibration
+
+    write_shared_calibration(out_dir / "calibration", log=log)
+
+
 def _client_advice(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -> None:
     from sim.studies.client_advice import write_client_advice
 
@@ -80,6 +92,8 @@ def _prefix_caching(out_dir: Path, *, plots: bool, log: Callable[[str], None]) -
 ExtraReport = Callable[..., None]
 EXTRA_REPORTS: dict[str, ExtraReport] = {
     "validation": _validation,  # validation/: real vLLM runs vs their replay
+    "model_error": _model_error,  # sim/uncertainty/model_error.csv: the validation residuals by preset, class, load
+    "serving_calibration": _serving_calibration,  # calibration/vllm-0.11-h100_serving.yaml (calibrate-serving)
     "client_advice": _client_advice,  # client_advice.{csv,md}
     "moe": _moe,  # moe.md, moe/, moe_cost.png (scenarios/moe/)
     "speculative": _speculative,  # speculative.md, speculative.png

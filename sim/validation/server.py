@@ -167,22 +167,32 @@ def preset_for(engine_version: str) -> str:
 
 
 def catalog_names(flags: ServerFlags, run: str) -> tuple[str, str]:
-    """The batchsim (model, gpu) of a run's server.
+    """The batchsim (model, gpu) of a run's server: :data:`MODELS` and :data:`GPUS` first, then any catalog
+    model by its name or Hugging Face id and any catalog GPU by its name (a user's own runs name them so).
 
     Raises:
         UserError: a model or GPU without a mapping.
     """
-    if flags.model_id not in MODELS:
+    from sim.hardware.catalog import GPUS as CATALOG_GPUS
+    from sim.hardware.catalog import MODELS as CATALOG_MODELS
+
+    by_hf = {spec.hf_name: name for name, spec in CATALOG_MODELS.items()}
+    model = MODELS.get(flags.model_id) or (flags.model_id if flags.model_id in CATALOG_MODELS else None)
+    model = model or by_hf.get(flags.model_id)
+    if model is None:
         raise UserError(
             f"run {shown(run)}: model_id {shown(flags.model_id)} has no batchsim model"
-            f"{did_you_mean(flags.model_id, MODELS)}; known: {', '.join(MODELS)}"
+            f"{did_you_mean(flags.model_id, [*MODELS, *CATALOG_MODELS])}; known: {', '.join(MODELS)} or a catalog "
+            "model's name or Hugging Face id (python -m sim list models)"
         )
-    if flags.gpu not in GPUS:
+    gpu = GPUS.get(flags.gpu) or (flags.gpu if flags.gpu in CATALOG_GPUS else None)
+    if gpu is None:
         raise UserError(
-            f"run {shown(run)}: gpu {shown(flags.gpu)} has no batchsim GPU{did_you_mean(flags.gpu, GPUS)}; "
-            f"known: {', '.join(GPUS)}"
+            f"run {shown(run)}: gpu {shown(flags.gpu)} has no batchsim GPU"
+            f"{did_you_mean(flags.gpu, [*GPUS, *CATALOG_GPUS])}; known: {', '.join(GPUS)} or a catalog GPU "
+            "(python -m sim list gpus)"
         )
-    return MODELS[flags.model_id], GPUS[flags.gpu]
+    return model, gpu
 
 
 def policy_entry(flags: ServerFlags, name: str, run: str) -> tuple[dict[str, Any], tuple[str, ...]]:
