@@ -136,6 +136,8 @@ class Worker:
                 )
             plan = schedule(state.view(start_s))
             if not (plan.prefill or plan.decode):  # not plan.has_work, without the call
+                if state.flush_outputs(plan, start_s):  # victims go; async: the last outputs free KV; decide again
+                    continue
                 if state.running_count:
                     raise RuntimeError(
                         f"replica {index}: nothing planned, {state.running_count} running"
@@ -200,6 +202,9 @@ class Worker:
             else:
                 plan = schedule(view if reuse is None else state.view(start_s))  # decode_only may have asked the ledger
                 if not (plan.prefill or plan.decode):
+                    if state.flush_outputs(plan, start_s):  # victims go; async: the last outputs free KV; decide again
+                        reuse = None
+                        continue
                     if state.running_count:
                         raise RuntimeError(f"replica {index}: nothing planned, {state.running_count} running")
                     if starts:
