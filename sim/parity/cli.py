@@ -52,7 +52,7 @@ def _scenario_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="override the scenario seed")
 
 
-def _preset_override(scenario_file: str, installed: str) -> list[str]:
+def installed_preset_overrides(scenario_file: str, installed: str) -> list[str]:
     """``--set`` lines that give every vLLM-preset policy of the scenario the installed version's preset."""
     from sim.io.scenario import load_scenario
     from sim.parity.vllm_driver import preset_for_version
@@ -70,7 +70,7 @@ def _record(file: str, policy: str | None, overrides: list[str], seed: int | Non
     from sim.parity.vllm_driver import import_vllm, record
 
     vllm = import_vllm()  # say so before resolving anything when vLLM is missing
-    overrides = _preset_override(file, vllm.__version__) + list(overrides)
+    overrides = installed_preset_overrides(file, vllm.__version__) + list(overrides)
     scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=seed))
     inputs = inputs_from_scenario(scenario, policy)
     if lag != "preset":
@@ -125,7 +125,7 @@ def _record_preset_async(file: str, name: str) -> bool:
     from sim.parity.inputs import inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm
 
-    overrides = _preset_override(file, import_vllm().__version__)
+    overrides = installed_preset_overrides(file, import_vllm().__version__)
     scenario = load_from_args(argparse.Namespace(file=file, overrides=overrides, seed=None))
     return bool(inputs_from_scenario(scenario, name).scheduler["async_scheduling"])
 
