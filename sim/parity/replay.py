@@ -119,10 +119,10 @@ def replay(trace: ScheduleTrace, policy: Policy | None = None, *, max_steps: int
 def _one_step(state: ReplicaState, policy: Policy, now: float) -> tuple[Step, int]:
     """Plan, apply and credit one pass at ``now``; return what it did and how many requests it completed."""
     plan = policy.schedule(state.view(now))
-    while not plan.has_work and state.flush_outputs(plan, now):  # vLLM waits for the batch in flight
+    while state.runs_nothing(plan) and state.flush_outputs(plan, now):  # vLLM waits for the batch in flight
         plan = policy.schedule(state.view(now))  # and decides again
     step = Step(preempt=list(plan.preempt))
-    if not plan.has_work:
+    if state.runs_nothing(plan):
         return step, 0
     preempted = set(plan.preempt)
     decoding = [rid for rid in _running_in_order(state) if rid not in preempted and state.is_decoding(rid)]

@@ -113,7 +113,6 @@ class PrefixCachedMemory(PagedMemory):
             self._granted.clear()
         self._looked = False
         if not self._unkeyed:
-            self.blocks.settle()  # the plan reads the free queue as it is now
             self._plan.reset()
 
     def queued_cached_tokens(self, rid: int) -> int:
@@ -256,7 +255,10 @@ class PrefixCachedMemory(PagedMemory):
         up, or its allocations evicted no more than its last lookup saw coming (and,
         :meth:`span_free_blocks`, the repeats evict nothing).
         """
-        return not (self._looked and self.blocks.evicted_blocks != self._expected_evictions)
+        if not self._looked:
+            return True
+        self.blocks.settle()  # evictions are counted when the allocations are taken off the queue
+        return self.blocks.evicted_blocks == self._expected_evictions
 
     def span_free_blocks(self) -> int:
         """All free blocks while the plan looked nothing up; else those before the queue's first cached one."""

@@ -50,9 +50,11 @@ class PlannedCache:
         self._run_left = 0  # blocks of the anonymous run the walk stopped in
         self._tail_index = 0
         self.doomed_cached = 0  # cached blocks walked over: the plan's evictions so far
+        self._settled = False  # the allocator's pending changes applied since the plan began
 
     def reset(self) -> None:
-        """A new plan: nothing done yet (the allocator is settled by the caller)."""
+        """A new plan: nothing done yet (the allocator is settled when a lookup first reads it)."""
+        self._settled = False
         self.pops = 0
         if self.registered:
             self.registered.clear()
@@ -104,12 +106,15 @@ class PlannedCache:
         for key in dropped:  # its planned piece is dropped with it
             del self.registered[key]
 
-    def victims_hold(self, key: int) -> int:
-        """Victims of the plan holding ``key``."""
-        return self._victim_refs.get(key, 0)
+    def _settle(self) -> None:
+        """Apply the allocator's changes from before the plan (nothing changes it while the plan is built)."""
+        self._blocks.settle()
+        self._settled = True
 
     def evictions(self) -> int:
         """Cached blocks the plan's allocations so far evict."""
+        if not self._settled:
+            self._settle()
         if self._walked < self.pops:
             self._advance()
         return self.doomed_cached
@@ -120,6 +125,8 @@ class PlannedCache:
 
         :meth:`status` inlined: a lookup walks a long prompt's keys once per plan.
         """
+        if not self._settled:
+            self._settle()
         if self._walked < self.pops:
             self._advance()
         blocks = self._blocks
@@ -148,6 +155,8 @@ class PlannedCache:
 
     def fresh(self, keys: list[int]) -> list[int]:
         """Those of ``keys`` not cached at this point of the plan (what a piece registering them caches)."""
+        if not self._settled:
+            self._settle()
         blocks = self._blocks
         candidates = set(keys)
         cached = (
@@ -161,6 +170,8 @@ class PlannedCache:
 
     def status(self, key: int) -> int:
         """MISS, HELD or FREE: ``key`` at this point of the plan."""
+        if not self._settled:
+            self._settle()
         if key in self._touched or key in self.registered:
             return HELD
         blocks = self._blocks

@@ -419,6 +419,18 @@ class ReplicaState:
             self._end_static_batch()
         return completed
 
+    def runs_nothing(self, plan: IterationPlan) -> bool:
+        """Whether ``plan`` computes no token: no prefill piece, and no decoder left after its preemptions
+        (a policy may preempt every decoder, e.g. to free the KV of a completed request whose output is
+        in flight, ``lags_outputs``)."""
+        if plan.prefill:
+            return False
+        if not plan.decode:
+            return True
+        if not plan.preempt or plan.charge_idle_slots:
+            return False
+        return self.decoders.count == sum(1 for rid in plan.preempt if self.is_decoding(rid))
+
     def flush_outputs(self, plan: IterationPlan, now_s: float) -> bool:
         """``plan`` runs nothing: apply its preemptions, and (``lags_outputs``) let the outputs of the
         pass in flight give back the KV of the requests it completed, as vLLM does when

@@ -17,7 +17,8 @@ keyed; a prompt's last partial block never is (vLLM caches full blocks only).
 Requests without content identity (a stream without ``content``) need keys only once they
 are preempted (their recompute can hit their own freed blocks): then they get keys no
 other request has (negative numbers, :func:`unique_block_keys`); see
-:mod:`sim.serving.prefix_state`.
+:mod:`sim.serving.prefix_memory`. A request's own tokens (its generated ones, and prompt tokens
+the content does not describe) get such keys too: no other request has them.
 """
 
 from __future__ import annotations
