@@ -136,8 +136,9 @@ class RecordingCache(PrefixCacheAllocator):
 
 
 def test_no_request_reads_a_block_still_being_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks become hittable only at the end of the pass that computed them: every hit is on a
-    block registered at or before the hit's pass start, never one another pass is writing."""
+    """Blocks become hittable when the piece computing them is scheduled (vLLM's ``allocate_slots`` caches
+    them then; within a pass each layer writes its KV before attention reads it): every hit is on a block
+    registered at or before the hit's pass start, in that pass or an earlier one, never a later one."""
     import sim.serving.memory_plan as memory_plan
 
     monkeypatch.setattr(memory_plan, "PrefixCacheAllocator", RecordingCache)

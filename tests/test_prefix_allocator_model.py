@@ -1,10 +1,11 @@
-"""The prefix-caching allocator against a plain eager model of its free list.
+"""The prefix-caching allocator against a plain eager model of its free queue.
 
-The allocator only counts the blocks an allocation evicts and takes them off the front
-of its LRU list when the list is next read; the model evicts at once. Random sequences of
+The allocator keeps anonymous blocks as runs and takes allocated blocks off the head of its
+queue only when the queue is next read; the model is a list of blocks (a key or None),
+evicted from the head at once, as vLLM's ``FreeKVCacheBlockQueue``. Random sequences of
 requests taking shared prefixes or computing blocks without a lookup, growing, leaving
-(keyed or as anonymous runs) must give the same answers to every query: hits, cached or
-not, fresh registrations, counts.
+(keyed, or with every block anonymous) must give the same answers to every query: hits,
+cached or not, fresh registrations, counts.
 """
 
 from __future__ import annotations
@@ -17,19 +18,18 @@ from sim.serving.prefix_cache import PrefixCacheAllocator
 
 
 class EagerModel:
-    """Free list as a Python list of [entry, blocks], evicted from the front at each allocation."""
+    """The free queue as a Python list of blocks (a key, or None for a block nobody can hit), head first."""
 
     def __init__(self, total: int) -> None:
         self.total, self.used, self.evicted = total, 0, 0
         self.refcount: dict[int, int] = {}
-        self.lru: list[list[object]] = []  # [key or run token, blocks], oldest first
-        self.last_run: object | None = None
+        self.queue: list[int | None] = [None] * total
 
     def free_cached(self) -> int:
-        return sum(int(n) for _, n in self.lru)  # type: ignore[call-overload]
+        return sum(1 for key in self.queue if key is not None)
 
     def cached(self, key: int) -> bool:
-        return key in self.refcount or any(entry == key for entry, _ in self.lru)
+        return key in self.refcount or key in self.queue
 
     def match(self, keys: list[int]) -> int:
         hits = 0
@@ -42,21 +42,14 @@ class EagerModel:
             if key in self.refcount:
                 self.refcount[key] += 1
             else:
-                self.lru = [e for e in self.lru if e[0] != key]
+                self.queue.remove(key)
                 self.refcount[key] = 1
                 self.used += 1
 
     def allocate(self, blocks: int) -> None:
         self.used += blocks
-        excess = self.used + self.free_cached() - self.total
-        self.evicted += max(0, excess)
-        while excess > 0:
-            entry = self.lru[0]
-            taken = min(excess, int(entry[1]))  # type: ignore[call-overload]
-            entry[1] = int(entry[1]) - taken  # type: ignore[call-overload]
-            excess -= taken
-            if not entry[1]:
-                self.lru.pop(0)
+        taken, self.queue = self.queue[:blocks], self.queue[blocks:]
+        self.evicted += sum(1 for key in taken if key is not None)
 
     def register(self, keys: list[int]) -> list[int]:
         fresh = [k for k in keys if not self.cached(k)]
@@ -68,17 +61,12 @@ class EagerModel:
             self.refcount[key] -= 1
             if not self.refcount[key]:
                 del self.refcount[key]
-                self.lru.append([key, 1])
+                self.queue.append(key)
                 self.used -= 1
 
-    def free_anonymous(self, held: int, cached: int) -> None:
-        self.used -= held
-        if cached:
-            if self.lru and self.lru[-1][0] is self.last_run:
-                self.lru[-1][1] = int(self.lru[-1][1]) + cached  # type: ignore[call-overload]
-            else:
-                self.last_run = object()
-                self.lru.append([self.last_run, cached])
+    def release(self, blocks: int) -> None:
+        self.used -= blocks
+        self.queue += [None] * blocks
 
 
 OPS = ["take", "write", "leave", "anonymous", "grow", "probe"]
@@ -126,17 +114,20 @@ def test_lazy_evictions_answer_as_eager_ones(steps: list[tuple[str, int, int]], 
             held.append((refs, private + blocks))
         elif op in ("leave", "anonymous") and held:
             refs, private = held.pop(prefix % len(held))
-            cache.unreference(refs)
-            model.unreference(refs)
-            if op == "anonymous":  # its private blocks join the free list as one run
-                cache.free_anonymous(private, private)
-                model.free_anonymous(private, private)
-            else:
+            if op == "anonymous":  # its cached blocks first, then its private ones
+                cache.unreference(refs)
+                model.unreference(refs)
                 cache.release(private)
-                model.free_anonymous(private, 0)
-        assert (cache.used_blocks, cache.cached_free_blocks, cache.evicted_blocks) == (
+                model.release(private)
+            else:  # tail first: its private blocks, then its cached ones, last first
+                cache.release(private)
+                model.release(private)
+                cache.unreference(refs)
+                model.unreference(refs)
+        assert (cache.used_blocks, cache.cached_free_blocks, cache.evicted_blocks, cache.empty_blocks) == (
             model.used,
             model.free_cached(),
             model.evicted,
+            next((i for i, key in enumerate(model.queue) if key is not None), len(model.queue)),
         )
     cache.check()

@@ -34,7 +34,8 @@ class EngineCPUConfig(StrictModel):
     overlap_step: bool = Field(
         False,
         description="The next step is scheduled while the GPU runs the current pass (vLLM v1 async "
-        "scheduling): only scheduling time beyond the pass's GPU time adds to it.",
+        "scheduling): only scheduling time beyond the pass's GPU time adds to it, and a request that got its "
+        "last token keeps its slot and KV through the next scheduling decision (its output not seen yet).",
     )
 
 

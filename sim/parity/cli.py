@@ -65,7 +65,7 @@ def _load(file: str, overrides: list[str], seed: int | None):  # noqa: ANN202 - 
     return load_scenario(file, values)
 
 
-def _preset_override(scenario_file: str, installed: str) -> list[str]:
+def installed_preset_overrides(scenario_file: str, installed: str) -> list[str]:
     """``--set`` lines that give every vLLM-preset policy of the scenario the installed version's preset."""
     from sim.io.scenario import load_scenario
     from sim.parity.vllm_driver import preset_for_version
@@ -82,7 +82,7 @@ def _record(file: str, policy: str | None, overrides: list[str], seed: int | Non
     from sim.parity.vllm_driver import import_vllm, record
 
     vllm = import_vllm()  # say so before resolving anything when vLLM is missing
-    overrides = _preset_override(file, vllm.__version__) + list(overrides)
+    overrides = installed_preset_overrides(file, vllm.__version__) + list(overrides)
     scenario = _load(file, overrides, seed)
     inputs = inputs_from_scenario(scenario, policy)
     if lag != "preset":
@@ -135,7 +135,7 @@ def _record_preset_async(file: str, name: str) -> bool:
     from sim.parity.inputs import inputs_from_scenario
     from sim.parity.vllm_driver import import_vllm
 
-    overrides = _preset_override(file, import_vllm().__version__)
+    overrides = installed_preset_overrides(file, import_vllm().__version__)
     scenario = _load(file, overrides, None)
     return bool(inputs_from_scenario(scenario, name).scheduler["async_scheduling"])
 

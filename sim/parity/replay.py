@@ -19,6 +19,7 @@ from sim.policies import POLICIES, make_policy
 from sim.policies.base import Policy
 from sim.serving.memory_plan import MemoryPlan
 from sim.serving.sequences import DECODE
+from sim.serving.setup import lags_outputs
 from sim.serving.state import ReplicaState
 from sim.workload.content import PromptContent
 
@@ -45,6 +46,8 @@ def preset_policy_config(trace: ScheduleTrace) -> Any:
         "prefix_caching": bool(sched["enable_prefix_caching"]),
     }
     fields = expand_preset(entry, facts)
+    if fields.get("engine_cpu") is not None:  # vLLM ran with async scheduling or not, whatever its default
+        fields["engine_cpu"] = dict(fields["engine_cpu"], overlap_step=bool(sched.get("async_scheduling", False)))
     return POLICIES[fields["kind"]].config_class(**fields)
 
 
@@ -65,7 +68,8 @@ def block_content(requests: Requests, block_size: int) -> PromptContent | None:
 
 
 def replica_for(trace: ScheduleTrace, policy: Policy) -> ReplicaState:
-    """An empty replica with the trace's KV blocks, block size, prefix caching and requests."""
+    """An empty replica with the trace's KV blocks, block size, prefix caching, requests and scheduling
+    (synchronous, or async: each step's outputs seen after the next step is scheduled)."""
     req, sched = trace.requests, trace.scheduler
     records = RequestRecords(len(req))
     records.arrival_s[:] = np.asarray(req.arrival_s, dtype=float)
@@ -78,7 +82,8 @@ def replica_for(trace: ScheduleTrace, policy: Policy) -> ReplicaState:
     )
     prompts = np.asarray(req.prompt_tokens, dtype=np.int64)
     outputs = np.asarray(req.output_tokens, dtype=np.int64)
-    return ReplicaState(0, records, prompts, outputs, memory, int(sched["num_blocks"]), block_size)
+    lagged = lags_outputs(preset_policy_config(trace).engine_cpu)
+    return ReplicaState(0, records, prompts, outputs, memory, int(sched["num_blocks"]), block_size, lags_outputs=lagged)
 
 
 def replay(trace: ScheduleTrace, policy: Policy | None = None, *, max_steps: int | None = None) -> list[Step]:
@@ -114,8 +119,10 @@ def replay(trace: ScheduleTrace, policy: Policy | None = None, *, max_steps: int
 def _one_step(state: ReplicaState, policy: Policy, now: float) -> tuple[Step, int]:
     """Plan, apply and credit one pass at ``now``; return what it did and how many requests it completed."""
     plan = policy.schedule(state.view(now))
+    while state.runs_nothing(plan) and state.flush_outputs(plan, now):  # vLLM waits for the batch in flight
+        plan = policy.schedule(state.view(now))  # and decides again
     step = Step(preempt=list(plan.preempt))
-    if not plan.has_work:
+    if state.runs_nothing(plan):
         return step, 0
     preempted = set(plan.preempt)
     decoding = [rid for rid in _running_in_order(state) if rid not in preempted and state.is_decoding(rid)]

@@ -4,7 +4,9 @@ While a policy builds its plan it asks "does this still fit?" many times; every 
 must account for the blocks earlier answers already promised. The ledger keeps that
 running tally on top of the replica's real state, which it never changes: the engine
 applies the finished plan afterwards (and the allocator refuses anything the ledger
-got wrong). Policies never do block arithmetic; they only get yes/no answers.
+got wrong). Policies never do block arithmetic; they only get yes/no answers. Each yes is
+reported to the source (``planned_*``), in the plan's order: with prefix caching a joiner's
+cache hits depend on the allocations granted before it (:mod:`sim.serving.prefix_plan`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ class LedgerSource(Protocol):
     def decode_blocks_needed(self, steps: int = 1) -> int: ...
     def held_blocks(self, rid: int) -> int: ...
     def decode_growth_blocks(self, rid: int, steps: int = 1) -> int: ...
+    def planned_pops(self, blocks: int) -> None: ...
+    def planned_extension(self, rid: int, tokens: int, blocks: int) -> None: ...
+    def planned_admission(self, rid: int, tokens: int) -> None: ...
 
 
 class KVLedger:
@@ -58,11 +63,17 @@ class KVLedger:
         blocks = self._source.admission_blocks(rid, tokens)
         if blocks + int(keep_free_fraction * self._total_blocks) > self.free_blocks:
             return False
-        return self._take(rid, blocks)
+        self._take(rid, blocks)
+        self._source.planned_admission(rid, tokens)
+        return True
 
     def try_extend(self, rid: int, tokens: int) -> bool:
         """Promise room for running request ``rid`` to compute ``tokens`` more prompt tokens."""
-        return self._take(rid, self._source.extension_blocks(rid, tokens))
+        blocks = self._source.extension_blocks(rid, tokens)
+        if not self._take(rid, blocks):
+            return False
+        self._source.planned_extension(rid, tokens, blocks)
+        return True
 
     def try_decode_step(self) -> bool:
         """Promise room for every decoding request to append one token (idempotent once yes)."""
@@ -92,16 +103,20 @@ class KVLedger:
             return False
         self.free_blocks -= need
         self._decode_steps = steps
+        self._source.planned_pops(need)
         return True
 
     def release(self, rid: int) -> None:
         """Count running request ``rid`` as preempted: its blocks and promises come back."""
         source = self._source
-        self.free_blocks += source.held_blocks(rid) + self._taken.pop(rid, 0)
+        returned = self._taken.pop(rid, 0)
         if self._decode_steps:
-            self.free_blocks += source.decode_growth_blocks(rid, self._decode_steps)
+            returned += source.decode_growth_blocks(rid, self._decode_steps)
         else:
             self._released.append(rid)
+        self.free_blocks += source.held_blocks(rid) + returned
+        if returned:
+            source.planned_pops(-returned)
 
     def _take(self, rid: int, blocks: int) -> bool:
         if blocks > self.free_blocks:

@@ -14,12 +14,14 @@ clock; every question and every change about KV blocks goes through one memory m
 The interface has three parts. *Planning* questions the KV ledger asks while a policy
 builds a plan (``admission_blocks``, ``extension_blocks``, ``decode_blocks_needed``,
 ``freed_by_preempting``, ``decode_growth_blocks``, ``queued_cached_tokens``); they change
-nothing. *Transitions* the state applies once a plan is final (``admit``, ``grant``,
-``grow_prefill``, ``grow_decode``, ``allocate``/``give_back`` for speculative positions,
-``pass_ended``, ``release``). *Merging guards* tell the worker how far a run of pure
-decode passes may be advanced without asking the policy (``repeats_allowed``,
-``span_free_blocks``). Speculative decoding, disaggregated pools and every policy use
-these calls only, so each feature runs on each memory model.
+nothing, except that the ledger tells the memory what the plan has granted so far
+(``planned_pops``, ``planned_extension``, ``planned_admission``: prefix caching looks a
+joiner's hits up after the allocations planned before it). *Transitions* the state applies
+once a plan is final (``admit``, ``grant``, ``grow_prefill``, ``grow_decode``,
+``allocate``/``give_back`` for speculative positions, ``release``). *Merging guards* tell
+the worker how far a run of pure decode passes may be advanced without asking the policy
+(``repeats_allowed``, ``span_free_blocks``). Speculative decoding, disaggregated pools and
+every policy use these calls only, so each feature runs on each memory model.
 """
 
 from __future__ import annotations
@@ -106,13 +108,22 @@ class KVMemory:
         """Blocks that become free if ``seq`` is preempted in the plan being built."""
         return self.held(seq)
 
+    def planned_pops(self, blocks: int) -> None:
+        """The plan being built allocates ``blocks`` more new blocks (negative: gives them back)."""
+
+    def planned_extension(self, seq: Seq, tokens: int, blocks: int) -> None:
+        """The plan being built has running ``seq`` compute ``tokens`` more tokens in ``blocks`` new blocks."""
+
+    def planned_admission(self, rid: int, tokens: int) -> None:
+        """The plan being built admits queued ``rid`` computing ``tokens`` tokens."""
+
     # ------------------------------------------------------------------ transitions
     def admit(self, seq: Seq) -> int:
         """``seq`` joins the batch; returns the prompt tokens it starts with already computed."""
         return 0
 
     def grant(self, joiners: list[Seq]) -> None:
-        """After every joiner of a pass is admitted: allocate what they take up front."""
+        """After joiners are admitted (their cache hits taken): allocate what they take up front."""
 
     def grow_prefill(self, seq: Seq, tokens: int) -> None:
         """Allocate the blocks of ``tokens`` more computed tokens of ``seq``."""
@@ -134,9 +145,6 @@ class KVMemory:
     def give_back(self, blocks: int) -> None:
         """Return blocks taken with :meth:`allocate`."""
         self.blocks.release(blocks)
-
-    def pass_ended(self, pieces: list[tuple[int, int]], running: dict[int, Seq]) -> None:
-        """A pass ended: its prefill ``pieces`` are computed (prefix caching registers them)."""
 
     def release(self, seq: Seq, why: Leaving) -> None:
         """``seq`` leaves the batch: give back what it holds (call before it leaves its phase)."""

@@ -44,14 +44,15 @@ class MemoryPlan:
 
     def build(
         self, kv_blocks: int, block_size: int, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-        records: RequestRecords, decoders: DecodeGroup,
+        records: RequestRecords, decoders: DecodeGroup, *, lags_outputs: bool = False,
     ) -> KVMemory:  # fmt: skip
-        """The memory model of one replica with ``kv_blocks`` blocks of ``block_size`` tokens."""
+        """The memory model of one replica with ``kv_blocks`` blocks of ``block_size`` tokens
+        (``lags_outputs``: the engine sees each pass's outputs one pass late, async scheduling)."""
         if self.prefix_caching:
             allocator = PrefixCacheAllocator(kv_blocks, block_size)
             return PrefixCachedMemory(
                 allocator, prompt_tokens, output_tokens, records, decoders, whole_prompt=self.whole_prompt,
-                content=self.content, drop_last_hit_block=self.drop_last_hit_block,
+                content=self.content, drop_last_hit_block=self.drop_last_hit_block, lags_outputs=lags_outputs,
             )  # fmt: skip
         parts = (BlockAllocator(kv_blocks, block_size), prompt_tokens, output_tokens, records, decoders)
         if self.reserve_tokens is not None:

@@ -5,8 +5,16 @@ previous block's key, the block's tokens), so equal keys mean equal prefixes (se
 :mod:`sim.workload.content`). A block whose tokens have been computed is *registered*
 under its key; later requests whose prompts start with the same keys reuse it instead of
 recomputing and reallocating it. Blocks are reference counted: a block held by running
-requests is used; when the last holder leaves, the block stays cached but counts as
-free (it sits in an LRU list) and is evicted only when an allocation needs room.
+requests is used; when the last holder leaves, the block stays cached but counts as free.
+
+**One free queue**, as vLLM's ``FreeKVCacheBlockQueue`` (``vllm/v1/core/kv_cache_utils.py``):
+every free block, cached or not, sits in one queue in the order it was freed (all blocks,
+none cached, at the start). An allocation takes blocks off its head
+(``BlockPool.get_new_blocks``: ``free_block_queue.popleft_n``), evicting the cached ones
+it takes (``_maybe_evict_cached_block``); freed blocks join its tail
+(``BlockPool.free_blocks``: ``append_n``); a cache hit on a free block takes it out of the
+middle (``BlockPool.touch``: ``free_block_queue.remove``). So a block freed long ago is
+evicted before a block freed just now, whether or not either holds cached content.
 
 Counts (the KV invariants the replica state audits):
 
@@ -14,21 +22,19 @@ Counts (the KV invariants the replica state audits):
 * ``cached_free_blocks``: cached blocks nobody holds (free, reusable until evicted);
 * ``shared_surplus``: sum over held cached blocks of (holders - 1), so that the blocks
   the requests hold, counted per request, equal ``used_blocks + shared_surplus``;
-* ``used_blocks + cached_free_blocks <= total_blocks``.
+* every block is used or in the free queue: ``used_blocks + queue blocks == total_blocks``.
 
-The allocator still only answers yes/no about room; who holds which keys is told to it
-by the replica state (:mod:`sim.serving.prefix_state`).
-
-Blocks that no later request can ever hit (a finished request's blocks without content
-identity) keep their place in the LRU order, so eviction is unchanged, but as one
-anonymous *run* entry of n blocks instead of n keyed entries (:meth:`free_anonymous`):
-freeing and evicting them costs O(1) per request rather than O(blocks).
+Blocks nobody can ever hit (never cached, or cached content no later request can ask
+for) keep their place in the queue, so eviction is unchanged, but as one anonymous *run*
+entry of n blocks instead of n entries: freeing and evicting them costs O(1) per request
+rather than O(blocks). Allocations are counted and taken off the head when the queue is
+next read, so runs of allocations and anonymous frees touch no entry.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from sim.serving.kv_cache import BlockAllocator, KVOverflowError
 
@@ -46,25 +52,21 @@ class PrefixCacheAllocator(BlockAllocator):
     """
 
     __slots__ = (
-        "_refcount", "_lru", "_room", "_tail_run", "_settled",
+        "_refcount", "_queue", "_tail_run", "_pops", "_keyed_free",
         "shared_surplus", "hits_blocks", "evicted_blocks",
     )  # fmt: skip
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         super().__init__(total_blocks, block_size)
         self._refcount: dict[int, int] = {}  # held cached blocks: key -> holders (>= 1)
-        # Cached free blocks, eviction order first: key -> 1, or an anonymous run -> its blocks.
-        self._lru: OrderedDict[object, int] = OrderedDict()
-        # Empty blocks: neither used nor cached (the free list holds total - used - room blocks). Kept
-        # rather than the free list's size because it stays small: per-block arithmetic on it
-        # allocates no int objects.
-        self._room = total_blocks
-        # The free list is settled only when read (_settle), so that the per-request and per-block
-        # calls of a run without keys touch no entry: anonymous blocks freed since the last keyed
-        # entry are one run after all entries, still a count, and the first evicted_blocks -
-        # _settled blocks of the list are evicted but still there.
+        # The free queue, head first: a cached block's key -> 1, or an anonymous run -> its blocks.
+        self._queue: OrderedDict[object, int] = OrderedDict({_AnonymousRun(): total_blocks})
+        # Pending changes, applied when the queue is next read (_settle): anonymous blocks freed
+        # since the last keyed entry (one run at the tail), and blocks allocated (taken off the
+        # head: none of them were freed after the allocation, so the same blocks go).
         self._tail_run = 0
-        self._settled = 0
+        self._pops = 0
+        self._keyed_free = 0  # cached blocks in the queue
         self.shared_surplus = 0
         self.hits_blocks = 0
         self.evicted_blocks = 0
@@ -72,12 +74,30 @@ class PrefixCacheAllocator(BlockAllocator):
     @property
     def cached_free_blocks(self) -> int:
         """Cached blocks no request holds: free, but reusable until evicted."""
-        return self.total_blocks - self.used_blocks - self._room
+        self._settle()
+        return self._keyed_free
 
     @property
     def empty_blocks(self) -> int:
-        """Free blocks holding no cached content: allocating up to this many evicts nothing."""
-        return self._room
+        """Free blocks at the head of the queue before its first cached one: allocating up to
+        this many evicts nothing."""
+        self._settle()
+        blocks = 0
+        for entry, count in self._queue.items():
+            if not isinstance(entry, _AnonymousRun):
+                break
+            blocks += count
+        return blocks
+
+    @property
+    def refcounts(self) -> dict[int, int]:
+        """Held cached blocks: key -> holders (read only)."""
+        return self._refcount
+
+    @property
+    def queued(self) -> OrderedDict[object, int]:
+        """The free queue as it stands, unsettled (read only; :meth:`queue` settles it first)."""
+        return self._queue
 
     @property
     def held_cached_blocks(self) -> int:
@@ -90,18 +110,20 @@ class PrefixCacheAllocator(BlockAllocator):
 
     def is_cached(self, key: int) -> bool:
         """Whether a block with this key is cached (held or free)."""
-        if self._tail_run or self.evicted_blocks != self._settled:
-            self._settle()
-        return key in self._refcount or key in self._lru
+        self._settle()
+        return key in self._refcount or key in self._queue
+
+    def is_free_cached(self, key: int) -> bool:
+        """Whether a block with this key is cached and in the free queue (settle first: see ``queue``)."""
+        return key in self._queue
 
     def match(self, keys: Sequence[int], limit: int) -> int:
         """Length of the longest run of leading ``keys`` that are cached, at most ``limit``."""
-        if self._tail_run or self.evicted_blocks != self._settled:
-            self._settle()
-        refcount, lru = self._refcount, self._lru
+        self._settle()
+        refcount, queue = self._refcount, self._queue
         hits = 0
         for key in keys[:limit]:
-            if key not in refcount and key not in lru:
+            if key not in refcount and key not in queue:
                 break
             hits += 1
         return hits
@@ -109,72 +131,46 @@ class PrefixCacheAllocator(BlockAllocator):
     def acquire(self, keys: Sequence[int]) -> None:
         """A request takes a reference on each cached block in ``keys`` (a prefix hit).
 
-        A free cached block leaves the LRU list and becomes used; a held one gains a holder.
+        A free cached block leaves the queue and becomes used; a held one gains a holder.
 
         Raises:
             KVOverflowError: a key is not cached (the caller should have matched first).
         """
-        if self._tail_run or self.evicted_blocks != self._settled:
-            self._settle()
-        refcount, lru = self._refcount, self._lru
+        self._settle()
+        refcount, queue = self._refcount, self._queue
         shared = taken = 0  # counted here, added once: a long prompt hits hundreds of blocks
         for key in keys:
             holders = refcount.get(key, 0)
             if holders:
                 refcount[key] = holders + 1
                 shared += 1
-            elif key in lru:
-                del lru[key]
+            elif key in queue:
+                del queue[key]
                 refcount[key] = 1
                 taken += 1
             else:
                 raise KVOverflowError(f"block {key} is not cached")
         self.shared_surplus += shared
-        self.used_blocks += taken  # they leave the free list: no room changes hands
+        self.used_blocks += taken
+        self._keyed_free -= taken
         self.hits_blocks += len(keys)
 
-    def evictions_for(self, blocks: int) -> int:
-        """Cached free blocks that allocating ``blocks`` more blocks now would evict."""
-        return max(0, blocks - self._room)
-
     def allocate(self, blocks: int) -> None:
-        """Take ``blocks`` fresh blocks, evicting least recently freed cached blocks if needed.
+        """Take ``blocks`` fresh blocks off the head of the free queue, evicting the cached ones.
 
         Raises:
-            KVOverflowError: they do not fit even with every cached free block evicted.
+            KVOverflowError: they do not fit.
         """
         used = self.used_blocks + blocks
         if used > self.total_blocks or blocks < 0:
             super().allocate(blocks)  # raises
         self.used_blocks = used
-        room = self._room - blocks
-        if room < 0:  # evict the shortfall now; it is taken off the free list when that is next read
-            self.evicted_blocks -= room
-            room = 0
-        self._room = room
+        self._pops += blocks
 
     def release(self, blocks: int) -> None:
-        """Return ``blocks`` blocks that nobody can hit (they become empty, not cached)."""
+        """Return ``blocks`` blocks that nobody can hit: they join the tail of the queue (one run)."""
         super().release(blocks)
-        self._room += blocks
-
-    def _settle(self) -> None:
-        """Bring the free list up to date: append the pending anonymous run, then take the
-        evictions off its front, oldest first.
-
-        Whatever was freed after an eviction comes after the blocks it took, so the same
-        blocks go as if each allocation had evicted at once.
-        """
-        self._append_tail_run()
-        excess, lru = self.evicted_blocks - self._settled, self._lru
-        self._settled = self.evicted_blocks
-        while excess:
-            key, blocks = lru.popitem(last=False)
-            if blocks > excess:  # part of an anonymous run: the rest keeps its place, first
-                lru[key] = blocks - excess
-                lru.move_to_end(key, last=False)
-                return
-            excess -= blocks
+        self._tail_run += blocks
 
     def register(self, keys: Sequence[int]) -> list[int]:
         """A request's own freshly computed blocks become cached under ``keys``.
@@ -182,24 +178,24 @@ class PrefixCacheAllocator(BlockAllocator):
         Returns:
             The keys now cached with that request as their one holder. A key already cached
             (computed concurrently by another request) is left out: that copy stays private
-            to its request, as vLLM keeps duplicates uncached.
+            to its request.
         """
-        if self._tail_run or self.evicted_blocks != self._settled:
-            self._settle()
-        refcount, lru = self._refcount, self._lru
-        fresh = [key for key in keys if key not in refcount and key not in lru]
+        self._settle()
+        refcount, queue = self._refcount, self._queue
+        fresh = [key for key in keys if key not in refcount and key not in queue]
         refcount.update(dict.fromkeys(fresh, 1))
         return fresh
 
     def unreference(self, keys: Sequence[int]) -> None:
         """A leaving request drops its references, last block first.
 
-        Blocks that lose their last holder become cached free blocks; freeing the tail
-        first makes it the first evicted, as vLLM does (a prefix outlives its extensions).
+        Blocks that lose their last holder join the tail of the queue, still cached; freeing the
+        tail first makes it the first evicted (``KVCacheManager.free``: "in reverse order so that
+        the tail blocks are evicted first").
         """
         if self._tail_run:  # it was freed before these blocks
             self._append_tail_run()
-        refcount, lru = self._refcount, self._lru
+        refcount, queue = self._refcount, self._queue
         shared = freed = 0
         for key in reversed(keys):
             holders = refcount[key] - 1
@@ -208,45 +204,70 @@ class PrefixCacheAllocator(BlockAllocator):
                 shared += 1
             else:
                 del refcount[key]
-                lru[key] = 1
+                queue[key] = 1
                 freed += 1
         self.shared_surplus -= shared
-        self.used_blocks -= freed  # they join the free list: no room changes hands
+        self.used_blocks -= freed
+        self._keyed_free += freed
 
-    def free_anonymous(self, held: int, cached: int) -> None:
-        """A leaving request frees its ``held`` used blocks; ``cached`` of them, that nobody can hit,
-        join the free list as one run.
+    def queue(self) -> Iterator[tuple[object, int]]:
+        """The free queue from its head: (a cached block's key, 1) or (an anonymous run, its blocks).
 
-        They are evicted in LRU order like keyed blocks (so eviction of the others is the
-        same as if they had been registered under unique keys), but cost O(1): runs freed
-        one after another are one count until a keyed block follows them or the list is read.
-
-        Raises:
-            KVOverflowError: more blocks are freed than are in use, or more cached than freed.
+        Settled first; valid while nothing changes the allocator (a plan being built reads it).
         """
-        used = self.used_blocks - held
-        if used < 0 or not 0 <= cached <= held:
-            raise KVOverflowError(f"freeing {held} blocks ({cached} cached): only {self.used_blocks} in use")
-        self.used_blocks = used
-        self._room += held - cached
-        self._tail_run += cached
+        self._settle()
+        return iter(self._queue.items())
+
+    def settle(self) -> None:
+        """Apply the pending allocations and frees to the queue now (what every read does first)."""
+        if self._pops or self._tail_run:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Apply the pending changes: append the anonymous run freed last, then take the allocated
+        blocks off the head, evicting the cached ones."""
+        if self._tail_run:
+            self._append_tail_run()
+        pops = self._pops
+        if not pops:
+            return
+        self._pops = 0
+        queue, evicted = self._queue, 0
+        while pops:
+            entry, blocks = queue.popitem(last=False)
+            if blocks > pops:  # part of an anonymous run: the rest keeps its place, first
+                queue[entry] = blocks - pops
+                queue.move_to_end(entry, last=False)
+                break
+            pops -= blocks
+            if not isinstance(entry, _AnonymousRun):
+                evicted += 1
+        self.evicted_blocks += evicted
+        self._keyed_free -= evicted
 
     def _append_tail_run(self) -> None:
-        if self._tail_run:
-            self._lru[_AnonymousRun()] = self._tail_run
-            self._tail_run = 0
+        queue = self._queue
+        last = next(reversed(queue), None) if queue else None
+        if isinstance(last, _AnonymousRun):  # runs freed one after another are one run
+            queue[last] += self._tail_run
+        else:
+            queue[_AnonymousRun()] = self._tail_run
+        self._tail_run = 0
 
     def check(self) -> None:
         """Assert the allocator's own invariants (called from the replica audit)."""
         self._settle()
-        assert self._room >= 0, "KV used + cached free > capacity"
-        assert self.cached_free_blocks == sum(self._lru.values()), "cached free count drifted"
+        queue = self._queue
+        assert self.used_blocks + sum(queue.values()) == self.total_blocks, "KV used + free queue != capacity"
+        keyed = sum(1 for entry in queue if not isinstance(entry, _AnonymousRun))
+        assert self._keyed_free == keyed, "cached free count drifted"
         assert len(self._refcount) <= self.used_blocks, "more held cached blocks than used blocks"
         assert self.shared_surplus == sum(self._refcount.values()) - len(self._refcount), "shared surplus drifted"
-        assert not any(key in self._lru for key in self._refcount), "a held block is on the free list"
+        assert not any(key in queue for key in self._refcount), "a held block is on the free queue"
+        assert all(count > 0 for count in queue.values()), "an empty run in the free queue"
 
 
 class _AnonymousRun:
-    """Key of an anonymous run in the free list: equal only to itself, never to a block key."""
+    """Key of an anonymous run in the free queue: equal only to itself, never to a block key."""
 
     __slots__ = ()

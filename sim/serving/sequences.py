@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from sim.metrics.itl import ITLRecorder
 
 # Phases of a Seq. GONE: it left the batch (finished, preempted or cancelled); heap
-# entries that still point at it are stale and skipped.
-PREFILL, DECODE, IDLE_SLOT, GONE = range(4)
+# entries that still point at it are stale and skipped. FINISHING: it has all its tokens but,
+# the engine's outputs lagging one step (async scheduling), still holds its slot and KV.
+PREFILL, DECODE, IDLE_SLOT, GONE, FINISHING = range(5)
 
 
 class Seq:
@@ -41,7 +42,9 @@ class Seq:
             tokens generated so far).
         computed_tokens: tokens of ``target_tokens`` already computed in this stint.
         blocks: KV blocks held while prefilling, or the reservation (reserve memory).
-        phase: PREFILL, DECODE, IDLE_SLOT (finished, still holding a static-batch slot) or GONE.
+        phase: PREFILL, DECODE, IDLE_SLOT (finished, still holding a static-batch slot), FINISHING
+            (finished, its output not yet seen by the scheduler) or GONE.
+        tick: when it was last admitted, in the replica's admission order (vLLM's running list order).
         start_step, start_context: decode-group clock and context when it joined the group.
         residue: its class modulo the block size (paged memory; see DecodeGroup).
         finish_step: decode-group step after which it has all its output tokens.
@@ -51,7 +54,7 @@ class Seq:
 
     __slots__ = (
         "rid", "key", "prompt_tokens", "output_tokens", "target_tokens", "computed_tokens",
-        "blocks", "phase", "start_step", "start_context", "residue", "finish_step", "last_event_s",
+        "blocks", "phase", "start_step", "start_context", "residue", "finish_step", "last_event_s", "tick",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +78,7 @@ class Seq:
         self.residue = 0
         self.finish_step = 0
         self.last_event_s = 0.0
+        self.tick = 0
 
     @property
     def prefill_left(self) -> int:

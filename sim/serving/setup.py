@@ -143,6 +143,12 @@ def memory_plan(stream: RequestStream, policy: Policy, config: Any, setup: Repli
     )
 
 
+def lags_outputs(engine_cpu: EngineCPUConfig | None) -> bool:
+    """Whether the engine schedules a step before it has the previous step's outputs: vLLM V1's async
+    scheduling, which ``engine_cpu.overlap_step`` models (the next step is scheduled while the GPU runs)."""
+    return engine_cpu is not None and engine_cpu.overlap_step
+
+
 def build_replicas(
     stream: RequestStream,
     policy: Policy,
@@ -185,7 +191,8 @@ def build_replicas(
         role = pool_role(index) if pool_role is not None else None
         state = ReplicaState(
             index, records, stream.prompt_tokens, stream.output_tokens, plan, setup.engine_kv_blocks,
-            setup.block_size, holds_slots=policy.holds_slots, itl=itl, speculation=decode, pool=role,
+            setup.block_size, holds_slots=policy.holds_slots, lags_outputs=lags_outputs(setup.engine_cpu), itl=itl,
+            speculation=decode, pool=role,
         )  # fmt: skip
         if role is not None:
             role.bind(state)

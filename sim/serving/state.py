@@ -35,7 +35,7 @@ from sim.policies.base import IterationPlan
 from sim.serving.ledger import KVLedger
 from sim.serving.memory import Leaving
 from sim.serving.memory_plan import MemoryPlan
-from sim.serving.sequences import DECODE, GONE, IDLE_SLOT, PREFILL, DecodeGroup, Seq
+from sim.serving.sequences import DECODE, FINISHING, GONE, IDLE_SLOT, PREFILL, DecodeGroup, Seq
 
 CostTotals = tuple[int, int, float, int, int]
 """(prefill tokens, prefill pieces, prefill attention work, decode sequences, decode KV tokens)."""
@@ -98,6 +98,9 @@ class ReplicaState:
         memory: the memory model to build (reserve, paged, prefix cached).
         kv_blocks, block_size: this replica's KV capacity.
         holds_slots: finished sequences keep their slot and KV until the batch is done.
+        lags_outputs: a pass's outputs reach the scheduler only after the next pass is
+            scheduled (vLLM V1 async scheduling), so a finished sequence keeps its slot and KV
+            through the next scheduling decision (see :meth:`end`).
         itl: where inter-token gaps go (shared by the replicas of a run; default: a private one).
         speculation: decorates every decode step with drafting and verification (None: plain).
         pool: a disaggregated pool's hand-off and join hooks (None: colocated).
@@ -121,6 +124,7 @@ class ReplicaState:
         block_size: int,
         *,
         holds_slots: bool = False,
+        lags_outputs: bool = False,
         itl: ITLRecorder | None = None,
         speculation: DecodeDecoration | None = None,
         pool: PoolHooks | None = None,
@@ -131,7 +135,9 @@ class ReplicaState:
         self.itl = itl if itl is not None else ITLRecorder()
         self._itl_add = self.itl.add
         self.decoders = DecodeGroup(block_size, self.itl)
-        self.memory = memory.build(kv_blocks, block_size, prompt_tokens, output_tokens, records, self.decoders)
+        self.memory = memory.build(
+            kv_blocks, block_size, prompt_tokens, output_tokens, records, self.decoders, lags_outputs=lags_outputs
+        )
         self.blocks = self.memory.blocks
         self.kv = KVLedger(self, kv_blocks)
         self.speculation = speculation
@@ -147,6 +153,9 @@ class ReplicaState:
         self._prompt = prompt_tokens
         self._output = output_tokens
         self._holds_slots = holds_slots
+        self._lags = lags_outputs
+        self._finishing: list[Seq] = []  # finished, their slots and KV not given back yet
+        self._admissions = 0  # admissions so far: each admitted sequence's tick
         self._waiting: deque[int] = deque()
         self._order: list[tuple[float, int]] = []
         self._prefilling: list[Seq] = []
@@ -254,6 +263,18 @@ class ReplicaState:
             return self.speculation.growth_blocks(self, seq, steps)
         return self.memory.decode_growth_blocks(seq, steps)
 
+    def planned_pops(self, blocks: int) -> None:
+        """The plan allocates ``blocks`` more new blocks (negative: gives them back)."""
+        self.memory.planned_pops(blocks)
+
+    def planned_extension(self, rid: int, tokens: int, blocks: int) -> None:
+        """The plan has running request ``rid`` compute ``tokens`` more tokens in ``blocks`` new blocks."""
+        self.memory.planned_extension(self.running[rid], tokens, blocks)
+
+    def planned_admission(self, rid: int, tokens: int) -> None:
+        """The plan admits queued request ``rid`` computing ``tokens`` tokens."""
+        self.memory.planned_admission(rid, tokens)
+
     # ------------------------------------------------------------------ engine API
     def enqueue(self, rid: int, now_s: float) -> None:
         """A request (re)sent to this replica joins the back of the queue."""
@@ -286,13 +307,14 @@ class ReplicaState:
     def begin(self, plan: IterationPlan, now_s: float) -> CostTotals:
         """Apply a plan's preemptions, admissions and allocations; return the cost-model totals.
 
-        Joiners are admitted before anything is allocated, so that no allocation evicts a
-        prefix-cache hit a later joiner was promised when the plan was made.
+        KV changes in vLLM V1's order (``Scheduler.schedule``): victims are freed, the running
+        requests' new blocks (decodes, chunks) allocated, then each joiner in turn looks up
+        its cache hits and takes its blocks, so a joiner's hits are what the allocations
+        before it left in the cache (the plan's lookups saw the same, see
+        :mod:`sim.serving.prefix_plan`).
         """
         if plan.preempt:
             self._preempt(plan.preempt, now_s)
-        if plan.prefill:
-            self._admit_joiners(plan.prefill, now_s)
         verify = None
         if plan.decode:
             if self.speculation is not None:
@@ -307,6 +329,7 @@ class ReplicaState:
         attention_work = 0.0
         self.prefill_context_tokens = 0
         if plan.prefill:
+            self._allocate_pieces(plan.prefill, now_s)
             prefill_tokens, attention_work = self._begin_prefills(plan.prefill)
         pieces = len(plan.prefill)
         if verify is not None:  # verification pieces go through the prefill terms
@@ -319,21 +342,30 @@ class ReplicaState:
             kv_tokens += self.idle_slot_kv_tokens
         return prefill_tokens, pieces, attention_work, decodes, kv_tokens
 
-    def _admit_joiners(self, pieces: list[tuple[int, int]], now_s: float) -> None:
-        """Admit this pass's joiners (each takes its cache hits), then grant what they take up front."""
-        running = self.running
-        joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
-        if joiners:
-            self.memory.grant(joiners)
+    def _allocate_pieces(self, pieces: list[tuple[int, int]], now_s: float) -> None:
+        """The pieces' blocks: running requests' first, then each joiner's (admitted, its cache hits
+        taken, its whole (re)prefill granted if the memory does that, its piece's blocks allocated)."""
+        running, grow, memory = self.running, self.memory.grow_prefill, self.memory
+        joiners = []
+        for rid, tokens in pieces:
+            seq = running.get(rid)
+            if seq is None:
+                joiners.append((rid, tokens))
+            else:
+                grow(seq, tokens)
+        for rid, tokens in joiners:
+            seq = self._admit(rid, now_s)
+            memory.grant([seq])
+            grow(seq, tokens)
 
     def _begin_prefills(self, pieces: list[tuple[int, int]]) -> tuple[int, float]:
-        """Allocate the pieces' blocks; return (prefill tokens, attention work)."""
+        """Count the pieces' tokens as computed (their blocks are allocated); return (prefill
+        tokens, attention work)."""
         prefill_tokens = 0
         attention_work = 0.0
-        running, grow = self.running, self.memory.grow_prefill
+        running = self.running
         for rid, tokens in pieces:
             seq = running[rid]
-            grow(seq, tokens)
             attention_work += tokens * (seq.computed_tokens + tokens / 2)
             self.prefill_context_tokens += seq.computed_tokens  # cached KV this piece reads (MBU)
             seq.computed_tokens += tokens
@@ -345,9 +377,20 @@ class ReplicaState:
         return prefill_tokens, attention_work
 
     def end(self, plan: IterationPlan, now_s: float) -> list[int]:
-        """Credit the pass that just ended at ``now_s``; return the requests it completed."""
-        if plan.prefill:
-            self.memory.pass_ended(plan.prefill, self.running)
+        """Credit the pass that just ended at ``now_s``; return the requests it completed.
+
+        Completed requests give their KV back in the order they were admitted (vLLM frees them
+        in ``update_from_output``, walking the step's requests in its running-list order). With
+        ``lags_outputs`` the scheduler sees a pass's outputs only after it has scheduled the
+        next pass (``EngineCore.step_with_batch_queue`` with a batch queue of 2: ``schedule()``,
+        then ``update_from_output`` of the previous batch), so those completed by the previous
+        pass are given back now, after this pass's allocations, and this pass's completed
+        requests keep their slot and KV through the next decision (``AsyncScheduler`` skips
+        them: ``num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens +
+        max_tokens`` in ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py at v0.15.1).
+        """
+        if self._finishing:
+            self._give_back_finished()
         completed: list[int] = []
         finished = _NOTHING
         if plan.decode:
@@ -370,9 +413,44 @@ class ReplicaState:
             piece = self.running.get(rid)  # None: cancelled during the pass
             if piece is not None and piece.phase == PREFILL and piece.prefill_left == 0:
                 self._emit_prefill_token(piece, now_s, completed)
+        if self._finishing and not self._lags:
+            self._give_back_finished()
         if self.idle_slots and not self.decoders.count and not self._prefilling:
             self._end_static_batch()
         return completed
+
+    def runs_nothing(self, plan: IterationPlan) -> bool:
+        """Whether ``plan`` computes no token: no prefill piece, and no decoder left after its preemptions
+        (a policy may preempt every decoder, e.g. to free the KV of a completed request whose output is
+        in flight, ``lags_outputs``)."""
+        if plan.prefill:
+            return False
+        if not plan.decode:
+            return True
+        if not plan.preempt or plan.charge_idle_slots:
+            return False
+        return self.decoders.count == sum(1 for rid in plan.preempt if self.is_decoding(rid))
+
+    def flush_outputs(self, plan: IterationPlan, now_s: float) -> bool:
+        """``plan`` runs nothing: apply its preemptions, and (``lags_outputs``) let the outputs of the
+        pass in flight give back the KV of the requests it completed, as vLLM does when
+        ``schedule()`` returns an empty step (it waits for the batch in flight). Returns whether
+        anything changed (then a new decision may run someone)."""
+        changed = bool(plan.preempt)
+        if changed:
+            self._preempt(plan.preempt, now_s)
+        if self._finishing:
+            self._give_back_finished()
+            changed = True
+        return changed
+
+    def _give_back_finished(self) -> None:
+        finishing = self._finishing
+        if len(finishing) > 1:
+            finishing.sort(key=_seq_tick)
+        for seq in finishing:
+            self._remove(seq, Leaving.COMPLETED)
+        finishing.clear()
 
     def repeatable_decodes(self) -> int:
         """How many more times in a row the pure decode pass just begun may be repeated (ended
@@ -380,7 +458,7 @@ class ReplicaState:
         cancellations and the memory model go (paged memory: each repeat's new blocks must also
         fit within :meth:`span_free_blocks`; see ``DecodeGroup.block_need_cycle``)."""
         decoders = self.decoders
-        if self._cancelled or not decoders.count or not self.memory.repeats_allowed():
+        if self._cancelled or self._finishing or not decoders.count or not self.memory.repeats_allowed():
             return 0
         return max(0, decoders.steps_before_finish())
 
@@ -429,6 +507,8 @@ class ReplicaState:
         Returns the requests the block completed (all at ``now_s``, whichever step gave
         them their last token); requests abandoned during the block are dropped now.
         """
+        if self._finishing:
+            self._give_back_finished()
         decoders = self.decoders
         self.outstanding_tokens -= self._block_tokens + decoders.count
         self._block_tokens = 0
@@ -442,6 +522,8 @@ class ReplicaState:
                 self._finish(seq, now_s, completed)
         if self._parked:
             self._unpark(now_s, completed)
+        if self._finishing and not self._lags:
+            self._give_back_finished()
         return completed
 
     def _park(self, seq: Seq) -> None:
@@ -501,6 +583,8 @@ class ReplicaState:
             int(self._output[rid]),
             int(records.generated_tokens[rid]),
         )
+        self._admissions += 1
+        seq.tick = self._admissions
         self.outstanding_tokens -= self.memory.admit(seq)  # tokens served from the prefix cache
         self._insert(seq)
         insort(self._prefilling, seq, key=_seq_key)
@@ -514,6 +598,8 @@ class ReplicaState:
         """A request whose prompt KV arrived from elsewhere (its first token already out at
         ``last_event_s``) joins the decode group; its blocks were taken for it beforehand."""
         self.records.replica[seq.rid] = self.index
+        self._admissions += 1
+        seq.tick = self._admissions
         self._insert(seq)
         self.outstanding_tokens += seq.output_tokens - 1
         self.decoders.add(seq, last_event_s)  # its next inter-token gap counts from its first token
@@ -543,11 +629,12 @@ class ReplicaState:
         records.completion_s[rid] = now_s
         records.generated_tokens[rid] = seq.output_tokens
         completed.append(rid)
-        if not self._holds_slots:
-            self._remove(seq, Leaving.COMPLETED)
-            return
         seq.blocks = self.memory.held(seq)
         self._leave_phase(seq)
+        if not self._holds_slots:  # given back with the pass's other completions (see end)
+            seq.phase = FINISHING
+            self._finishing.append(seq)
+            return
         seq.phase = IDLE_SLOT
         self.idle_slots += 1
         self.idle_slot_kv_tokens += seq.prompt_tokens + seq.output_tokens
@@ -562,8 +649,14 @@ class ReplicaState:
     def _preempt(self, victims: list[int], now_s: float) -> None:
         records = self.records
         seqs = [self.running[rid] for rid in victims]
+        requeued = []
         for seq in seqs:
             rid = seq.rid
+            if seq.phase == FINISHING:  # completed, its output in flight: vLLM frees its KV now, it ends as it was
+                self._finishing.remove(seq)
+                self._remove(seq, Leaving.COMPLETED)
+                continue
+            requeued.append(seq)
             if seq.phase == DECODE:  # its stream resumes with the token of its re-prefill
                 self._last_event_s[rid] = self.decoders.last_event_s(seq)
             records.generated_tokens[rid] = self._generated(seq)
@@ -574,13 +667,13 @@ class ReplicaState:
             records.enqueued_s[rid] = now_s
             self._queue_changed(now_s, +1)
         # Back to the head of the queue, the earliest arrival first (vLLM's extendleft of victims).
-        for seq in sorted(seqs, key=_seq_key, reverse=True):
+        for seq in sorted(requeued, key=_seq_key, reverse=True):
             self._waiting.appendleft(seq.rid)
 
     def _drop_cancelled(self) -> None:
         for rid in self._cancelled:
             seq = self.running.get(rid)
-            if seq is None or seq.phase == IDLE_SLOT:
+            if seq is None or seq.phase == IDLE_SLOT or seq.phase == FINISHING:
                 continue
             self.records.generated_tokens[rid] = self._generated(seq)
             self.outstanding_tokens -= self._remaining(seq)
@@ -611,13 +704,13 @@ class ReplicaState:
     def _generated(self, seq: Seq) -> int:
         if seq.phase == DECODE:
             return self.decoders.generated(seq)
-        if seq.phase == IDLE_SLOT:
+        if seq.phase == IDLE_SLOT or seq.phase == FINISHING:
             return seq.output_tokens
         return seq.target_tokens - seq.prompt_tokens
 
     def _remaining(self, seq: Seq) -> int:
         """Tokens still to compute or generate (what least_outstanding routing counts)."""
-        if seq.phase == IDLE_SLOT:
+        if seq.phase == IDLE_SLOT or seq.phase == FINISHING:
             return 0
         return seq.target_tokens - seq.computed_tokens + seq.output_tokens - self._generated(seq)
 
@@ -649,3 +742,7 @@ class ReplicaState:
 
 def _seq_key(seq: Seq) -> tuple[float, int]:
     return seq.key
+
+
+def _seq_tick(seq: Seq) -> int:
+    return seq.tick

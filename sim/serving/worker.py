@@ -135,7 +135,9 @@ class Worker:
                     f"replica {index}: time went back from {last_end_s} to {start_s}"
                 )
             plan = schedule(state.view(start_s))
-            if not (plan.prefill or plan.decode):  # not plan.has_work, without the call
+            if not (plan.prefill or plan.decode) or (plan.preempt and state.runs_nothing(plan)):
+                if state.flush_outputs(plan, start_s):  # victims go; async: the last outputs free KV; decide again
+                    continue
                 if state.running_count:
                     raise RuntimeError(
                         f"replica {index}: nothing planned, {state.running_count} running"
@@ -199,7 +201,10 @@ class Worker:
                 plan = reuse  # the plan the policy would build: skip building it
             else:
                 plan = schedule(view if reuse is None else state.view(start_s))  # decode_only may have asked the ledger
-                if not (plan.prefill or plan.decode):
+                if not (plan.prefill or plan.decode) or (plan.preempt and state.runs_nothing(plan)):
+                    if state.flush_outputs(plan, start_s):  # victims go; async: the last outputs free KV; decide again
+                        reuse = None
+                        continue
                     if state.running_count:
                         raise RuntimeError(f"replica {index}: nothing planned, {state.running_count} running")
                     if starts:

@@ -17,7 +17,8 @@ keyed; a prompt's last partial block never is (vLLM caches full blocks only).
 Requests without content identity (a stream without ``content``) need keys only once they
 are preempted (their recompute can hit their own freed blocks): then they get keys no
 other request has (negative numbers, :func:`unique_block_keys`); see
-:mod:`sim.serving.prefix_state`.
+:mod:`sim.serving.prefix_memory`. A request's own tokens (its generated ones, and prompt tokens
+the content does not describe) get such keys too: no other request has them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class PromptContent:
         tokens = min(int(self.content_tokens[rid]), len(units) * self.unit_tokens)
         return _keys(units, self.unit_tokens, tokens // block_size, block_size)
 
+    def block_count(self, rid: int, block_size: int) -> int:
+        """How many keys :meth:`block_keys` gives request ``rid`` (without building them)."""
+        units = int(self.starts[rid + 1] - self.starts[rid])
+        return min(int(self.content_tokens[rid]), units * self.unit_tokens) // block_size
+
     def permuted(self, order: np.ndarray) -> PromptContent:
         """The same contents, request ``i`` of the result being request ``order[i]`` of this."""
         lengths = np.diff(self.starts)[order]
@@ -74,10 +80,14 @@ def _keys(units: np.ndarray, unit_tokens: int, blocks: int, block_size: int) -> 
     return (units[unit] * (unit_tokens + 1) + offset).tolist()
 
 
-def unique_block_keys(rid: int, tokens: int, block_size: int) -> list[int]:
-    """Keys nobody else has, for request ``rid``'s ``tokens // block_size`` full blocks."""
+def unique_block_keys(rid: int, tokens: int, block_size: int, first: int = 0) -> list[int]:
+    """Keys nobody else has, for request ``rid``'s full blocks ``first`` to ``tokens // block_size`` (excluded).
+
+    Block b's key depends on (rid, b) only, so the same block always gets the same key (a request's
+    generated tokens are its own: vLLM hashes them into its blocks, and no other request has them).
+    """
     base = -(rid + 1) << 24  # 2**24 blocks per request: far beyond any context window
-    return list(range(base, base + tokens // block_size))
+    return list(range(base + first, base + tokens // block_size))
 
 
 def reuse_bound_tokens(content: PromptContent, prompt_tokens: np.ndarray, block_size: int) -> int:
