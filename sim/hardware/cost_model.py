@@ -210,6 +210,25 @@ class CostModel:
             total += self._cpu_t[rows] if small and self._cpu_t else self._cpu(rows)
         return total
 
+    def decode_terms(self, num_decode_seqs: int) -> tuple[float, float, float, float, float] | None:
+        """The terms of a pure decode pass of ``num_decode_seqs`` sequences that do not depend on its KV.
+
+        For every int ``kv``, ``((a + (b + d2 * kv)) + c) + e`` is ``time_from_totals_s(0, 0, 0.0,
+        num_decode_seqs, kv)`` to the last bit (the same operations in the same order; ``c``, ``e`` are 0.0
+        without all-reduces or CPU time), so a run of decode passes is priced without a call per pass.
+
+        Returns:
+            (a, b, d2, c, e), or None when such a pass is not priced from the tables.
+        """
+        n = num_decode_seqs
+        if n.__class__ is not int or not 0 < n < TABLE_SIZE:
+            return None
+        a = self._linear_t[n] + self._lm_head_t[n]
+        b = self._d0 + self._d1 * n
+        c = 0.0 if self._ar is None else (self._ar.graph_t if n <= self._graph_tokens else self._ar.eager_t)[n]
+        e = 0.0 if self._cpu is None else (self._cpu_t[n] if self._cpu_t else self._cpu(n))
+        return a, b, self._d2, c, e
+
     def iteration_time_s(
         self,
         prefill_chunk_tokens: np.ndarray,

@@ -75,6 +75,12 @@ class CUDAGraphPadding:
             num_decode_seqs += self._pad_to[tokens] - tokens
         return self._inner(num_prefill_tokens, num_prefill_seqs, prefill_attn_work, num_decode_seqs, decode_kv_tokens)
 
+    def padded_decodes(self, num_decode_seqs: int) -> int:
+        """The decode rows a pure decode pass of ``num_decode_seqs`` sequences is priced with (its graph's size)."""
+        if 0 < num_decode_seqs <= self._largest:
+            return self._pad_to[num_decode_seqs]
+        return num_decode_seqs
+
     def padded_totals(
         self,
         num_prefill_tokens: int,

@@ -20,10 +20,13 @@ import simpy
 
 from sim.checks import check_requests_fit
 from sim.metrics.itl import ITLRecorder, empty_itl_frame
+from sim.metrics.pass_runs import PassRuns
 from sim.metrics.records import IterationRecords, RequestRecords
 from sim.policies.base import Policy
 from sim.policies.table import make_policy
 from sim.serving.clients import Clients
+from sim.serving.fast.fleet import Fleet
+from sim.serving.fast.paths import build_kernels, fast_path_refusal
 from sim.serving.pipeline import PipelineReplica, Stages
 from sim.serving.router import make_router
 from sim.serving.setup import EngineSetup, ReplicaSetup, build_replicas
@@ -89,6 +92,9 @@ class Engine:
     Same arguments as :func:`simulate`, plus ``audit_every`` (check replica invariants
     every this many passes per replica). After ``run()`` the records and replica states
     stay readable, which tests use (e.g. ``records.generated_tokens``).
+
+    Attributes:
+        path: ``fast`` or ``general``: which engine runs the replicas (:mod:`sim.serving.fast.paths`).
     """
 
     def __init__(
@@ -110,16 +116,19 @@ class Engine:
         self.records = RequestRecords(len(stream))
         self.iterations = IterationRecords(pipeline=replica.pipeline is not None)
         self.itl = ITLRecorder()
-        built = build_replicas(
-            stream, self.policy, policy, replica, self.records, self.itl, range(setup.replicas), seed=setup.seed
-        )
-        self.states = [state for state, _ in built]
-        """Every scheduler's state: one per replica, or each replica's virtual engines in a row."""
-        engines = replica.virtual_engines
-        self.replicas = self.states if engines == 1 else self._pipeline_replicas(engines)
-        self.clients = Clients(
+        self._progress = progress
+        self._passes = 0
+        self.path = "general" if fast_path_refusal(self.policy, policy, setup) else "fast"
+        if self.path == "fast":
+            self._build_fast(setup, audit_every)
+        else:
+            self._build_general(policy, setup, audit_every)
+
+    def _clients(self) -> Clients:
+        setup = self.setup
+        return Clients(
             self.env,
-            stream,
+            self.stream,
             self.records,
             self.replicas,
             self._wake,
@@ -129,6 +138,32 @@ class Engine:
             refuse=setup.refuse,
             frontend=setup.frontend,
         )
+
+    def _build_fast(self, setup: EngineSetup, audit_every: int) -> None:
+        """Replicas as kernels driven by one fleet (:mod:`sim.serving.fast`), passes recorded as runs."""
+        self.iterations = PassRuns(setup.replicas)
+        self.states, pricer = build_kernels(self.stream, self.policy, setup.replica, self.records, self.itl,
+                                           setup.replicas)  # fmt: skip
+        self.replicas = self.states
+        self.clients = self._clients()
+        fleet = Fleet(
+            self.env, self.iterations, on_completed=self.clients.completed,
+            on_iteration=self._tick if self._progress is not None else None,
+            inert=self.clients.completions_inert, audit_every=audit_every,
+        )  # fmt: skip
+        self.workers = [fleet.add(state, pricer) for state in self.states]
+
+    def _build_general(self, policy: Any, setup: EngineSetup, audit_every: int) -> None:
+        """Replica states and one SimPy worker process each (:mod:`sim.serving.worker`)."""
+        replica = setup.replica
+        built = build_replicas(
+            self.stream, self.policy, policy, replica, self.records, self.itl, range(setup.replicas), seed=setup.seed
+        )
+        self.states = [state for state, _ in built]
+        """Every scheduler's state: one per replica, or each replica's virtual engines in a row."""
+        engines = replica.virtual_engines
+        self.replicas = self.states if engines == 1 else self._pipeline_replicas(engines)
+        self.clients = self._clients()
         self.workers = [
             Worker(
                 self.env,
@@ -146,8 +181,6 @@ class Engine:
             )
             for (state, cost_model), runner in zip(built, self._stage_runners(built, engines), strict=True)
         ]
-        self._progress = progress
-        self._passes = 0
 
     def _pipeline_replicas(self, engines: int) -> list[PipelineReplica]:
         """Each replica's virtual engines (consecutive states) behind one routable replica."""
@@ -187,19 +220,13 @@ class Engine:
     def _check_finished(self) -> None:
         unfinished = self.records.unfinished()
         if len(unfinished):
-            raise RuntimeError(
-                f"{len(unfinished)} requests never ended (first: {unfinished[:5].tolist()})"
-            )
+            raise RuntimeError(f"{len(unfinished)} requests never ended (first: {unfinished[:5].tolist()})")
         if self.clients.finished != len(self.stream):
-            raise RuntimeError(
-                f"{self.clients.finished} request endings for {len(self.stream)} requests"
-            )
+            raise RuntimeError(f"{self.clients.finished} request endings for {len(self.stream)} requests")
         for state in self.states:
             state.audit()
             if state.running_count or state.blocks.used_blocks:
-                raise RuntimeError(
-                    f"replica {state.index} still holds requests or KV after the run"
-                )
+                raise RuntimeError(f"replica {state.index} still holds requests or KV after the run")
 
 
 def run_to_end(
@@ -212,7 +239,7 @@ def run_to_end(
     """Start every worker and the clients, run until no event is left, check that every
     request ended, and report the final progress (one engine lifecycle, every composition)."""
     for worker in workers:
-        env.process(worker.run())
+        worker.start()
     clients.start()
     env.run()
     check_finished()

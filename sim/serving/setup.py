@@ -51,6 +51,8 @@ class ReplicaSetup:
         cuda_graphs: the CUDA-graph sizes passes are priced at (None: every pass at its own size).
         pipeline: pipeline stages of each replica (None: one stage): ``kv_blocks`` is then split evenly
             over its virtual engines, and the cost model must give a breakdown.
+        fast_path: run on the engine's fast path where it applies (:mod:`sim.serving.fast`; the same
+            records either way); False: always the general path.
     """
 
     cost_model: CostModelLike
@@ -62,6 +64,7 @@ class ReplicaSetup:
     merge_decode_steps: bool = True
     cuda_graphs: CUDAGraphsConfig | None = None
     pipeline: PipelineSetup | None = None
+    fast_path: bool = True
 
     def __post_init__(self) -> None:
         for name in ("kv_blocks", "block_size"):

@@ -111,6 +111,10 @@ class Worker:
         self._merge = merge_decode_steps and policy.steady_decode and state.merges_decode and pipeline is None
         self._completions_inert = completions_inert
 
+    def start(self) -> None:
+        """Start the worker's SimPy process."""
+        self._env.process(self.run())
+
     def wake(self) -> None:
         """Work arrived: end the worker's idle wait, if it is waiting."""
         if self._wake is not None and not self._wake.triggered:
