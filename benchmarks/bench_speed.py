@@ -7,6 +7,8 @@ measured in the same process: the bare SimPy timeout rate (a process doing nothi
     python benchmarks/bench_speed.py                      # 100k requests per policy
     python benchmarks/bench_speed.py --requests 1000000 --policies continuous
     python benchmarks/bench_speed.py --process            # also whole-process times (CLI)
+    python benchmarks/bench_speed.py --general            # the fast path against the general one
+    python benchmarks/bench_speed.py --replicas 64        # 64 replicas, each at the same load
 
 Targets: 1M splitwise requests at 80% load under continuous batching <= 20 s and <= 1 GB;
 100k <= 2 s; every policy within 1.5x of continuous; simulated iterations per second
@@ -64,17 +66,20 @@ def simpy_floor(events: int = 1_000_000) -> float:
     return events / (time.perf_counter() - started)
 
 
-def timed_run(stream, policy, cost, kv_blocks: int, merge: bool, repeat: int = 1) -> dict:  # type: ignore[no-untyped-def]
+def timed_run(  # type: ignore[no-untyped-def]
+    stream, policy, cost, kv_blocks: int, merge: bool, repeat: int = 1, fast: bool = True, replicas: int = 1
+) -> dict:
     """One simulation (the fastest of ``repeat``, against noise): wall time, passes and SimPy pass events."""
     best: dict = {}
     for _ in range(repeat):
         started = time.perf_counter()
-        engine = Engine(stream, policy, EngineSetup(ReplicaSetup(cost, kv_blocks, 16, merge_decode_steps=merge)))
+        replica = ReplicaSetup(cost, kv_blocks, 16, merge_decode_steps=merge, fast_path=fast)
+        engine = Engine(stream, policy, EngineSetup(replica, replicas=replicas, router="least_outstanding"))
         out = engine.run()
         wall_s = time.perf_counter() - started
         if not best or wall_s < best["wall_s"]:
             events = sum(w.pass_events for w in engine.workers)
-            best = {"wall_s": wall_s, "passes": len(out.iterations), "events": events}
+            best = {"wall_s": wall_s, "passes": len(out.iterations), "events": events, "path": engine.path}
         del engine, out
     return best
 
@@ -96,34 +101,44 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=5_000)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     parser.add_argument("--no-off", action="store_true", help="skip the unmerged comparison runs")
+    parser.add_argument("--general", action="store_true", help="also run each policy on the general path")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas, each at --load (the rate scales)")
     parser.add_argument("--process", action="store_true", help="also time python -m sim as whole processes")
     parser.add_argument("--repeat", type=int, default=1, help="runs per policy; the fastest counts (noisy machines)")
     args = parser.parse_args()
 
     cost, kv_blocks, label = cost_model_and_kv()
     probe = Engine(
-        make_stream(args.probe, None, 0), POLICIES["continuous"], EngineSetup(ReplicaSetup(cost, kv_blocks, 16)),
+        make_stream(args.probe, None, 0),
+        POLICIES["continuous"],
+        EngineSetup(ReplicaSetup(cost, kv_blocks, 16)),
     )
     rate = args.load * args.probe / probe.run().requests["completion_s"].max()
+    rate *= args.replicas
     stream = make_stream(args.requests, rate, 0)
-    load = f"{args.load:.0%} of continuous capacity ({rate:.2f} req/s)"
+    load = f"{args.load:.0%} of continuous capacity on {args.replicas} replica(s) ({rate:.2f} req/s)"
     print(f"cost model: {label}; {args.requests:,} requests at {load}")
     floor = simpy_floor()
     print(f"bare SimPy floor: {floor:,.0f} timeouts/s")
     base_s = None
     for name in args.policies:
         floor = simpy_floor(300_000)  # again right before each policy: the machine's load drifts
-        on = timed_run(stream, POLICIES[name], cost, kv_blocks, merge=True, repeat=args.repeat)
+        on = timed_run(stream, POLICIES[name], cost, kv_blocks, merge=True, repeat=args.repeat, replicas=args.replicas)
         rate_on = on["passes"] / on["wall_s"]
         base_s = base_s or on["wall_s"]
         line = (
-            f"{name:16s} {on['wall_s']:6.2f} s ({on['wall_s'] / base_s:.2f}x continuous), {on['passes']:,} passes, "
+            f"{name:16s} {on['path']} path {on['wall_s']:6.2f} s ({on['wall_s'] / base_s:.2f}x continuous), "
+            f"{on['passes']:,} passes, {1e6 * on['wall_s'] / on['passes']:.2f} us per pass, "
             f"{on['events'] / on['passes']:.3f} SimPy events per pass, {rate_on:,.0f} passes/s = "
             f"{rate_on / floor:.1%} of the SimPy floor ({floor:,.0f}/s just before)"
         )
         if not args.no_off:
             off = timed_run(stream, POLICIES[name], cost, kv_blocks, merge=False, repeat=args.repeat)
             line += f"; merging off {off['wall_s']:.2f} s (x{off['wall_s'] / on['wall_s']:.2f})"
+        if args.general:
+            general = timed_run(stream, POLICIES[name], cost, kv_blocks, merge=True, repeat=args.repeat, fast=False,
+                                replicas=args.replicas)  # fmt: skip
+            line += f"; general path {general['wall_s']:.2f} s (fast path x{general['wall_s'] / on['wall_s']:.2f})"
         print(line, flush=True)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak_mib:,.0f} MiB")
@@ -133,9 +148,11 @@ def main() -> None:
         help_s = process_s(["-m", "sim", "--help"])
         bare_s = process_s(["-c", "pass"])
         imports_s = process_s(["-c", "import sim.cli, sim.runner, sim.io.outputs, sim.report.tables"])
-        print(f"whole process: 1000-request quickstart run {run_s:.2f} s, --help {help_s:.2f} s, "
-              f"bare python {bare_s:.2f} s, the run's imports alone {imports_s:.2f} s "
-              f"(so {run_s - imports_s:.2f} s simulating and writing, {run_s / imports_s:.2f}x the imports)")
+        print(
+            f"whole process: 1000-request quickstart run {run_s:.2f} s, --help {help_s:.2f} s, "
+            f"bare python {bare_s:.2f} s, the run's imports alone {imports_s:.2f} s "
+            f"(so {run_s - imports_s:.2f} s simulating and writing, {run_s / imports_s:.2f}x the imports)"
+        )
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class ResolvedScenario:
             prefix_caching=prefix_caching_on(scenario, policy),
             draft_cost_model=self.draft_cost_models.get(policy.name),
             merge_decode_steps=scenario.engine.merge_decode_steps,
+            fast_path=scenario.engine.fast_path,
             cuda_graphs=getattr(policy, "cuda_graphs", None),
             pipeline=self.pipeline,
         )
@@ -133,19 +134,35 @@ class ResolvedScenario:
 
     def facts(self) -> dict[str, Any]:
         """Derived values recorded next to the resolved scenario in the output folder."""
-        return {
-            "model_hf_name": self.model.hf_name,
-            "weights_gb_per_gpu": round(self.kv.weight_bytes_per_gpu / 1e9, 3),
-            "kv_bytes_per_token": self.kv.bytes_per_token,
-            "kv_blocks_per_replica": self.kv.num_blocks,
-            "kv_capacity_tokens_per_replica": self.kv.capacity_tokens,
-            "kv_blocks_pinned": self.kv.pinned,
-            "cost_model": self.cost_model.label,
-            "calibration": self.cost_model.source,
-            "num_gpus": self.num_gpus,
-            "requests": len(self.stream),
-            "max_output_tokens": self.stream.max_output_tokens,
-        } | self._pipeline_facts() | self._scale_facts()
+        return (
+            {
+                "model_hf_name": self.model.hf_name,
+                "weights_gb_per_gpu": round(self.kv.weight_bytes_per_gpu / 1e9, 3),
+                "kv_bytes_per_token": self.kv.bytes_per_token,
+                "kv_blocks_per_replica": self.kv.num_blocks,
+                "kv_capacity_tokens_per_replica": self.kv.capacity_tokens,
+                "kv_blocks_pinned": self.kv.pinned,
+                "cost_model": self.cost_model.label,
+                "calibration": self.cost_model.source,
+                "num_gpus": self.num_gpus,
+                "requests": len(self.stream),
+                "max_output_tokens": self.stream.max_output_tokens,
+                "engine_path": self.engine_paths(),
+            }
+            | self._pipeline_facts()
+            | self._scale_facts()
+        )
+
+    def engine_paths(self) -> dict[str, str]:
+        """Per policy, the engine path its runs take: ``fast``, or ``general`` and why not the fast one."""
+        from sim.policies.table import make_policy
+        from sim.serving.fast.paths import fast_path_refusal
+
+        paths = {}
+        for policy in self.scenario.policies:
+            why = fast_path_refusal(make_policy(policy), policy, self.engine_setup(policy))
+            paths[policy.name] = "fast" if why is None else f"general: {why}"
+        return paths
 
     def _scale_facts(self) -> dict[str, Any]:
         """The GPU time scale of a serving calibration (nothing when there is none)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 from budget import examples
 from fakes import LinearCost, assert_same_records, make_stream, setup
@@ -236,3 +237,22 @@ def test_the_engine_names_its_path() -> None:
     assert Engine(stream, config, setup(COST, **{k: v for k, v in fields.items() if k != "cost_model"})).path == (
         "general"
     )
+
+
+def test_a_scenario_records_each_policys_path_and_can_turn_the_fast_path_off() -> None:
+    """``engine.fast_path: false`` sends every policy down the general path, the resolved scenario says so
+    with the reason, and the tables a user gets are the same either way."""
+    from pathlib import Path
+
+    from sim.io.scenario import load_scenario
+    from sim.runner import run
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
+    fast = run(load_scenario(path, {"workload.requests": 300}), progress=False)
+    general = run(load_scenario(path, {"workload.requests": 300, "engine.fast_path": False}), progress=False)
+    names = [p.name for p in fast.scenario.policies]
+    assert fast.facts["engine_path"] == dict.fromkeys(names, "fast")
+    assert general.facts["engine_path"] == dict.fromkeys(names, "general: the fast path is turned off")
+    for table in ("requests", "iterations"):
+        pd.testing.assert_frame_equal(getattr(fast, table), getattr(general, table), check_exact=True)
+    pd.testing.assert_frame_equal(fast.summary, general.summary, check_exact=True)

@@ -180,3 +180,9 @@ class EngineConfig(StrictModel):
         "preemption, timeout or wake-up can fall between them (one iteration row per pass still); "
         "false for debugging. Off for speculative decoding and disaggregated pools.",
     )
+    fast_path: bool = Field(
+        True,
+        description="Run a policy on the engine's fast path (slot arrays instead of per-request objects, "
+        "sim/serving/fast) where it applies; the path taken and why is recorded in scenario.resolved.yaml "
+        "(derived.engine_path). The records are bit-identical either way; false to check that.",
+    )
