@@ -43,6 +43,20 @@ class Slots:
         "start_step", "start_context", "residue", "last_s", "join", "_free",
     )  # fmt: skip
 
+    rid: list[int]
+    prompt: list[int]
+    output: list[int]
+    target: list[int]
+    computed: list[int]
+    blocks: list[int]
+    phase: list[int]
+    key: list[tuple[float, int]]
+    start_step: list[int]
+    start_context: list[int]
+    residue: list[int]
+    last_s: list[float]
+    join: list[int]
+
     def __init__(self) -> None:
         for name in self.__slots__[:-1]:
             setattr(self, name, [])
