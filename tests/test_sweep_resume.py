@@ -26,6 +26,7 @@ from sim.rng import RandomStreams
 from sim.sweeps.backends import WorkerDied
 from sim.sweeps.runner import run_sweep
 from sim.sweeps.store import CSV_NAME, check_folder, order_rows
+from sim.uncertainty.trust import TRUST_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +138,7 @@ def assert_csv_whole(path: Path) -> pd.DataFrame:
 def test_table_shape_order_and_columns(reference: pd.DataFrame) -> None:
     assert len(reference) == ROWS
     assert list(reference.columns[:4]) == [*PARAMS, "seed", "point"]
-    assert list(reference.columns[4:-1]) == list(SUMMARY_COLUMNS + EXTRA_COLUMNS)
+    assert list(reference.columns[4:-1]) == [*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *TRUST_COLUMNS]
     assert reference.columns[-1] == "error" and (reference["error"] == "").all()
     keys = list(zip(reference["point"], reference["seed"], reference["policy"], strict=True))
     assert keys == sorted(keys, key=lambda k: (k[0], k[1], ["static", "continuous"].index(k[2])))
@@ -148,16 +149,12 @@ def test_table_shape_order_and_columns(reference: pd.DataFrame) -> None:
     assert (slow["ttft_p99_s"].to_numpy() > fast["ttft_p99_s"].to_numpy()).all()
 
 
-def test_in_memory_sweep_equals_the_file_and_a_loop_of_calls(
-    base: Scenario, reference: pd.DataFrame
-) -> None:
+def test_in_memory_sweep_equals_the_file_and_a_loop_of_calls(base: Scenario, reference: pd.DataFrame) -> None:
     in_memory = run_sweep(base, PARAMS, SEEDS, point_fn=fake_point)
     assert_identical(in_memory, reference)
     row = reference[(reference["point"] == 5) & (reference["seed"] == 1)]
     direct = fake_point(
-        base.replace(
-            **{"workload.arrival.rate": 4.0, "policies[continuous].max_batch_size": 32, "seed": 1}
-        )
+        base.replace(**{"workload.arrival.rate": 4.0, "policies[continuous].max_batch_size": 32, "seed": 1})
     )
     assert row["ttft_p99_s"].tolist() == direct["ttft_p99_s"].tolist()  # exact floats
 
@@ -171,9 +168,7 @@ def test_pool_of_two_gives_identical_results_and_file(
     assert (tmp_path / CSV_NAME).read_bytes() == (reference_dir / CSV_NAME).read_bytes()
 
 
-def test_a_resumed_file_is_in_grid_order_too(
-    base: Scenario, reference_dir: Path, tmp_path: Path
-) -> None:
+def test_a_resumed_file_is_in_grid_order_too(base: Scenario, reference_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_sweep(base, PARAMS, SEEDS, point_fn=interrupted_point, out=tmp_path)
     text = (tmp_path / CSV_NAME).read_text()
@@ -214,9 +209,7 @@ def test_killed_process_leaves_whole_rows_and_resume_completes(
         run_sweep(base, PARAMS, SEEDS, point_fn=dying_point, out={str(tmp_path)!r})
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 3, done.stderr
     partial = assert_csv_whole(tmp_path / CSV_NAME)
     assert set(partial["workload.arrival.rate"]) == {1.0, 2.0}  # rate-4 points died before writing
@@ -239,21 +232,15 @@ def test_killed_pool_worker_is_reported_and_resume_completes(
         run_sweep(base, PARAMS, SEEDS, point_fn=dying_point, workers=2, out=tmp_path)
     partial = assert_csv_whole(tmp_path / CSV_NAME)
     assert 4.0 not in set(partial["workload.arrival.rate"])
-    resumed = run_sweep(
-        base, PARAMS, SEEDS, point_fn=fake_point, workers=2, out=tmp_path, resume=True
-    )
+    resumed = run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, workers=2, out=tmp_path, resume=True)
     assert_identical(resumed, reference)
 
 
-def test_ctrl_c_keeps_finished_points(
-    base: Scenario, reference: pd.DataFrame, tmp_path: Path
-) -> None:
+def test_ctrl_c_keeps_finished_points(base: Scenario, reference: pd.DataFrame, tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_sweep(base, PARAMS, SEEDS, point_fn=interrupted_point, out=tmp_path)
     assert len(assert_csv_whole(tmp_path / CSV_NAME)) == 4 * 2 * 2  # points at rates 1 and 2
-    assert_identical(
-        run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path, resume=True), reference
-    )
+    assert_identical(run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path, resume=True), reference)
 
 
 @pytest.mark.parametrize("cut", ["mid_line", "whole_line", "header"])
@@ -300,9 +287,7 @@ def test_failed_points_are_reported_not_dropped_and_retried_on_resume(
     assert "\n" not in "".join(failed["error"])
     assert failed["ttft_p99_s"].isna().all() and set(failed["policy"]) == {"static", "continuous"}
     assert_csv_whole(tmp_path / CSV_NAME)
-    assert_identical(
-        run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path, resume=True), reference
-    )
+    assert_identical(run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path, resume=True), reference)
 
 
 def test_resume_refuses_a_different_sweep(base: Scenario, tmp_path: Path) -> None:
@@ -319,14 +304,10 @@ def test_resume_refuses_a_different_sweep(base: Scenario, tmp_path: Path) -> Non
         run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, resume=True)
 
 
-def test_resume_of_a_finished_sweep_runs_nothing(
-    base: Scenario, reference: pd.DataFrame, tmp_path: Path
-) -> None:
+def test_resume_of_a_finished_sweep_runs_nothing(base: Scenario, reference: pd.DataFrame, tmp_path: Path) -> None:
     run_sweep(base, PARAMS, SEEDS, point_fn=fake_point, out=tmp_path)
 
     def must_not_run(scenario: Scenario, policies: list[str] | None = None) -> pd.DataFrame:
         raise AssertionError("a finished point ran again")
 
-    assert_identical(
-        run_sweep(base, PARAMS, SEEDS, point_fn=must_not_run, out=tmp_path, resume=True), reference
-    )
+    assert_identical(run_sweep(base, PARAMS, SEEDS, point_fn=must_not_run, out=tmp_path, resume=True), reference)

@@ -36,6 +36,7 @@ from sim.sweeps.grid import (
 )
 from sim.sweeps.store import SweepFile, check_folder, order_rows, parse_rows, rows_text
 from sim.sweeps.tasks import PointFn, Task, TaskResult, execute, scenario_dict, summary_point
+from sim.uncertainty.trust import TRUST_COLUMNS
 
 
 def sweep(
@@ -109,9 +110,7 @@ def run_sweep(
 ) -> pd.DataFrame:
     """:func:`sweep` with an injectable ``point_fn(scenario, policies) -> summary``, for tests."""
     if resume and out is None:
-        raise UserError(
-            "resume needs the output folder of the interrupted sweep (out= / --out)", field="resume"
-        )
+        raise UserError("resume needs the output folder of the interrupted sweep (out= / --out)", field="resume")
     plan = SweepPlan.build(scenario, params, seeds)
     if out is not None:
         check_folder(Path(out))  # before anything runs or is written
@@ -167,8 +166,9 @@ class SweepPlan:
 
     @cached_property
     def metric_columns(self) -> list[str]:
-        """Summary columns, less any a parameter is named after (``replicas``)."""
-        return [c for c in SUMMARY_COLUMNS + EXTRA_COLUMNS if c not in self.params]
+        """Summary columns with their intervals and flags (each point's own run), less any a parameter is
+        named after (``replicas``)."""
+        return [c for c in (*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *TRUST_COLUMNS) if c not in self.params]
 
     @cached_property
     def columns(self) -> list[str]:
@@ -265,18 +265,14 @@ class _LinesOnly(_NoBar):
         print(text, file=file or sys.stderr, flush=True)
 
 
-def progress_bar(
-    enabled: bool, desc: str, unit: str, total: int | None = None, initial: int = 0
-) -> Any:
+def progress_bar(enabled: bool, desc: str, unit: str, total: int | None = None, initial: int = 0) -> Any:
     """A tqdm bar on stderr when it is a terminal (as ``run``'s, :mod:`sim.progress`); its lines but
     no bar on a redirected stderr; a silent stand-in (no thread) when not ``enabled``."""
     if not enabled:
         return _NoBar()
     if not is_terminal(sys.stderr):
         return _LinesOnly()
-    return tqdm(
-        total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True
-    )
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
 
 def report_startup(engine: Backend, bar: Any, progress: bool, count: WorkerCount | None = None) -> None:
