@@ -168,7 +168,11 @@ def test_pool_of_two_gives_identical_results_and_file(
     assert (tmp_path / CSV_NAME).read_bytes() == (reference_dir / CSV_NAME).read_bytes()
 
 
-def test_a_resumed_file_is_in_grid_order_too(base: Scenario, reference_dir: Path, tmp_path: Path) -> None:
+def test_a_resumed_file_is_in_grid_order_too(
+    base: Scenario, reference: pd.DataFrame, reference_dir: Path, tmp_path: Path
+) -> None:
+    """(``reference`` writes ``reference_dir``'s sweep.csv: asked for, so the test never finds it unwritten on
+    a pytest-xdist worker that has not run it yet.)"""
     with pytest.raises(KeyboardInterrupt):
         run_sweep(base, PARAMS, SEEDS, point_fn=interrupted_point, out=tmp_path)
     text = (tmp_path / CSV_NAME).read_text()

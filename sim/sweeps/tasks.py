@@ -9,6 +9,8 @@ gives the same numbers in-process, in a process pool or on a Ray cluster.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +55,7 @@ class Task:
 
     def policy_names(self) -> list[str]:
         """Policies this task runs, from the plain data (known even if it fails to validate)."""
-        names = [
-            str(p.get("name")) for p in self.scenario.get("policies", []) if isinstance(p, dict)
-        ]
+        names = [str(p.get("name")) for p in self.scenario.get("policies", []) if isinstance(p, dict)]
         return [n for n in names if self.policies is None or n in self.policies]
 
 
@@ -79,6 +79,10 @@ class TaskResult:
 def execute(task: Task, point_fn: PointFn = summary_point) -> TaskResult:
     """Run one task; an exception becomes its ``error``, so one bad point never stops a sweep."""
     names = tuple(task.policy_names())
+    if multiprocessing.parent_process() is not None:  # a pool worker (never a caller's own process)
+        # What the worker holds before the point (modules, the loaded cost model) is not the point's garbage:
+        # frozen, the collection after each policy scans the point's objects only, as `run` does (sim/cli.py).
+        gc.freeze()
     try:
         summary = point_fn(task.build(), task.policies)
     except Exception as exc:  # noqa: BLE001 - reported per point, by design
@@ -110,9 +114,7 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def build_scenario(
-    raw: dict[str, Any], overrides: dict[str, Any], base_dir: str | None
-) -> Scenario:
+def build_scenario(raw: dict[str, Any], overrides: dict[str, Any], base_dir: str | None) -> Scenario:
     """Validate ``raw`` with ``overrides``; relative data paths resolve against ``base_dir``."""
     scenario = scenario_from_dict(raw, overrides)
     scenario._base_dir = base_dir
