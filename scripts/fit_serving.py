@@ -84,9 +84,10 @@ def carried_from_v0(v0_only: dict[str, float]) -> dict[str, float]:
                       "v1_step_us_per_seq": cpu["step_us_per_seq"] + cpu["pass_us_per_seq"]}  # fmt: skip
 
 
-def calibration_check(v0_only: dict[str, float], cases: list) -> pd.DataFrame:
-    """Median |error| (%) on the 0.11 ``cases``: presets fitted on the 0.6 folder alone, the calibration fitted
-    from there on all of ``cases`` (in sample), and its leave-one-run-out prediction."""
+def calibration_check(v0_only: dict[str, float], cases: list, other: list) -> pd.DataFrame:
+    """Median |error| (%) of presets fitted on the 0.6 folder alone and of ``calibrate-serving``'s fit from there
+    on the 0.11 ``cases``: on ``cases`` (the presets, the fit in sample, its leave-one-run-out prediction), and on
+    the 0.6 folder's ``other`` cases (the presets in sample, then with the calibration's shared terms)."""
     from sim.calibration.serving_terms import default_terms
 
     carried = carried_from_v0(v0_only)
@@ -94,14 +95,23 @@ def calibration_check(v0_only: dict[str, float], cases: list) -> pd.DataFrame:
               "v1.pass_ms": carried["v1_pass_ms"], "v1.step_us_per_seq": carried["v1_step_us_per_seq"]}  # fmt: skip
     terms = default_terms(cases)
     start = [starts.get(t.name, t.start) for t in terms]
-    presets = sf.residual_table(cases, sf.calibration_with(terms, start))
-    presets["error_pct"] = 100 * (presets["simulated"] / presets["measured"] - 1)
-    joint = sf.fit(terms, cases, start=start)
+    v0_latency = next(t for t in script_terms() if t.name == "v0_latency_ms")
+    base = sf.calibration_with([v0_latency], [carried["v0_latency_ms"]])  # V0's latency as the 0.6 folder fitted it
+    presets = sf.calibration_with(terms, start, base)
+    joint = sf.fit(terms, cases, start=start, base=base)
     print("calibrated from the 0.6-only presets:", joint.named())
-    fitted = joint.residuals.assign(error_pct=100 * (joint.residuals["simulated"] / joint.residuals["measured"] - 1))
-    loo = sf.leave_one_out(terms, cases, joint)
-    rows = {"0.6-only presets": presets, "calibrated (fit)": fitted, "calibrated (leave-one-run-out)": loo}
-    return pd.DataFrame({name: sf.median_abs_errors(table) for name, table in rows.items()}).T.round(2)
+    tables = {
+        "0.11 folder, 0.6-only presets": _with_errors(sf.residual_table(cases, presets)),
+        "0.11 folder, calibrated (fit)": _with_errors(joint.residuals),
+        "0.11 folder, calibrated (leave-one-run-out)": sf.leave_one_out(terms, cases, joint),
+        "0.6 folder, 0.6-only presets (in sample)": _with_errors(sf.residual_table(other, presets)),
+        "0.6 folder, with the 0.11 calibration": _with_errors(sf.residual_table(other, joint.calibration)),
+    }
+    return pd.DataFrame({name: sf.median_abs_errors(table) for name, table in tables.items()}).T.round(2)
+
+
+def _with_errors(table: pd.DataFrame) -> pd.DataFrame:
+    return table.assign(error_pct=100 * (table["simulated"] / table["measured"] - 1))
 
 
 def main() -> None:
@@ -115,7 +125,7 @@ def main() -> None:
     by_folder = unsaturated_cases(FOLDERS)
     if args.calibration_check:
         v0_only = fit(["per_request_ms", "v0_latency_ms"], by_folder[FOLDERS[0]])
-        print(calibration_check(v0_only, by_folder[FOLDERS[1]]).to_string())
+        print(calibration_check(v0_only, by_folder[FOLDERS[1]], by_folder[FOLDERS[0]]).to_string())
         return
     everything = [case for cases in by_folder.values() for case in cases]
     names = [t.name for t in script_terms()]
