@@ -95,8 +95,9 @@ def calibration_check(v0_only: dict[str, float], cases: list, other: list) -> pd
               "v1.pass_ms": carried["v1_pass_ms"], "v1.step_us_per_seq": carried["v1_step_us_per_seq"]}  # fmt: skip
     terms = default_terms(cases)
     start = [starts.get(t.name, t.start) for t in terms]
-    v0_latency = next(t for t in script_terms() if t.name == "v0_latency_ms")
-    base = sf.calibration_with([v0_latency], [carried["v0_latency_ms"]])  # V0's latency as the 0.6 folder fitted it
+    # The loop time and V0's latency as the 0.6 folder fitted them, whether or not the 0.11 runs free the loop time.
+    shared = [t for t in script_terms() if t.name in ("per_request_ms", "v0_latency_ms")]
+    base = sf.calibration_with(shared, [carried[t.name] for t in shared])
     presets = sf.calibration_with(terms, start, base)
     joint = sf.fit(terms, cases, start=start, base=base)
     print("calibrated from the 0.6-only presets:", joint.named())
