@@ -17,10 +17,14 @@ The objective is the sum of squared log errors over every run's or unsaturated s
 E2E and throughput figures (a stage at or above 0.9 of capacity is not a latency measurement of the
 server), minimised by Nelder-Mead. ``--leave-one-out`` refits on each folder alone, with the terms that
 folder cannot identify taken from the other generation, and reports the error on the left-out
-folder: how far the terms carry to an engine version they were not fitted on. Copy the fitted values
-into ``sim/vllm_defaults.py`` (V0_FRONTEND, V1_FRONTEND, VLLM_V1_CPU).
+folder: how far the terms carry to an engine version they were not fitted on. ``--calibration-check`` asks
+what ``python -m sim calibrate-serving`` adds for a version the presets never saw: presets fitted on the 0.6
+folder alone (V1's terms carried from V0's) predict the 0.11 folder, then the command's own machinery
+(:func:`sim.calibration.serving_terms.default_terms`, least squares, leave-one-run-out) calibrates from the 0.11
+folder starting there. Copy the fitted values into ``sim/vllm_defaults.py`` (V0_FRONTEND, V1_FRONTEND,
+VLLM_V1_CPU).
 
-    python scripts/fit_serving.py [--leave-one-out]
+    python scripts/fit_serving.py [--leave-one-out] [--calibration-check]
 """
 
 from __future__ import annotations
@@ -72,11 +76,58 @@ def summary(values: dict[str, float], by_folder: dict[str, list]) -> pd.DataFram
     return table.pivot_table(index="folder", columns="metric", values="abs_error", aggfunc="median").round(1)
 
 
+def carried_from_v0(v0_only: dict[str, float]) -> dict[str, float]:
+    """Terms fitted on the 0.6 folder alone, with what that folder cannot say about V1 carried over: the same
+    latency, and V0's CPU terms paid every pass."""
+    cpu = vllm_defaults.VLLM_06_CPU
+    return v0_only | {"v1_latency_ms": v0_only["v0_latency_ms"], "v1_pass_ms": cpu["pass_ms"] + cpu["step_ms"],
+                      "v1_step_us_per_seq": cpu["step_us_per_seq"] + cpu["pass_us_per_seq"]}  # fmt: skip
+
+
+def calibration_check(v0_only: dict[str, float], cases: list, other: list) -> pd.DataFrame:
+    """Median |error| (%) of presets fitted on the 0.6 folder alone and of ``calibrate-serving``'s fit from there
+    on the 0.11 ``cases``: on ``cases`` (the presets, the fit in sample, its leave-one-run-out prediction), and on
+    the 0.6 folder's ``other`` cases (the presets in sample, then with the calibration's shared terms)."""
+    from sim.calibration.serving_terms import default_terms
+
+    carried = carried_from_v0(v0_only)
+    starts = {"per_request_ms": carried["per_request_ms"], "v1.latency_ms": carried["v1_latency_ms"],
+              "v1.pass_ms": carried["v1_pass_ms"], "v1.step_us_per_seq": carried["v1_step_us_per_seq"]}  # fmt: skip
+    terms = default_terms(cases)
+    start = [starts.get(t.name, t.start) for t in terms]
+    # The loop time and V0's latency as the 0.6 folder fitted them, whether or not the 0.11 runs free the loop time.
+    shared = [t for t in script_terms() if t.name in ("per_request_ms", "v0_latency_ms")]
+    base = sf.calibration_with(shared, [carried[t.name] for t in shared])
+    presets = sf.calibration_with(terms, start, base)
+    joint = sf.fit(terms, cases, start=start, base=base)
+    print("calibrated from the 0.6-only presets:", joint.named())
+    tables = {
+        "0.11 folder, 0.6-only presets": _with_errors(sf.residual_table(cases, presets)),
+        "0.11 folder, calibrated (fit)": _with_errors(joint.residuals),
+        "0.11 folder, calibrated (leave-one-run-out)": sf.leave_one_out(terms, cases, joint),
+        "0.6 folder, 0.6-only presets (in sample)": _with_errors(sf.residual_table(other, presets)),
+        "0.6 folder, with the 0.11 calibration": _with_errors(sf.residual_table(other, joint.calibration)),
+    }
+    return pd.DataFrame({name: sf.median_abs_errors(table) for name, table in tables.items()}).T.round(2)
+
+
+def _with_errors(table: pd.DataFrame) -> pd.DataFrame:
+    return table.assign(error_pct=100 * (table["simulated"] / table["measured"] - 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leave-one-out", action="store_true", help="also fit on each folder alone")
+    parser.add_argument(
+        "--calibration-check", action="store_true",
+        help="presets fitted on the 0.6 folder alone vs calibrate-serving on the 0.11 folder",
+    )  # fmt: skip
     args = parser.parse_args()
     by_folder = unsaturated_cases(FOLDERS)
+    if args.calibration_check:
+        v0_only = fit(["per_request_ms", "v0_latency_ms"], by_folder[FOLDERS[0]])
+        print(calibration_check(v0_only, by_folder[FOLDERS[1]], by_folder[FOLDERS[0]]).to_string())
+        return
     everything = [case for cases in by_folder.values() for case in cases]
     names = [t.name for t in script_terms()]
     joint = fit(names, everything)
@@ -84,11 +135,7 @@ def main() -> None:
     print(summary(joint, by_folder).to_string())
     if not args.leave_one_out:
         return
-    v0_only = fit(["per_request_ms", "v0_latency_ms"], by_folder[FOLDERS[0]])
-    # What the V0 folder cannot say about V1: the same latency, and V0's CPU terms run every pass.
-    cpu = vllm_defaults.VLLM_06_CPU
-    carried = v0_only | {"v1_latency_ms": v0_only["v0_latency_ms"], "v1_pass_ms": cpu["pass_ms"] + cpu["step_ms"],
-                         "v1_step_us_per_seq": cpu["step_us_per_seq"] + cpu["pass_us_per_seq"]}  # fmt: skip
+    carried = carried_from_v0(fit(["per_request_ms", "v0_latency_ms"], by_folder[FOLDERS[0]]))
     print("fitted on the 0.6 folder alone:", carried)
     print(summary(carried, {FOLDERS[1]: by_folder[FOLDERS[1]]}).to_string())
     v1_only = fit(["per_request_ms", "v1_latency_ms", "v1_pass_ms", "v1_step_us_per_seq"], by_folder[FOLDERS[1]])

@@ -211,6 +211,24 @@ def test_the_tools_own_figures_are_read_as_they_measured_them(tmp_path: Path) ->
     assert run.measured["ttft_p50_ms"] == pytest.approx(50.0) and run.requests["send_s"].tolist() == [0, 1, 2, 3, 4]
 
 
+def test_the_loop_time_is_fitted_only_where_requests_queue_at_the_loop(tmp_path: Path) -> None:
+    from sim.calibration.serving_terms import default_terms, queues_at_the_loop
+
+    # Sends 1 s apart (a gamma of huge shape is a constant gap): no request waits for another's parse, so the loop's
+    # time and the latency outside it add once to every request and only their sum is identified.
+    paced = vllm_result([100] * 8, [20] * 8, [0.1] * 8, [0.5] * 8, request_rate=1.0, burstiness=1e6)
+    (tmp_path / "paced.json").write_text(json.dumps(paced))
+    (tmp_path / "burst.json").write_text(json.dumps(vllm_result([100] * 8, [20] * 8, [0.1] * 8, [0.5] * 8)))
+    (paced_case,) = cases_of_json(tmp_path / "paced.json", SERVER)
+    (burst_case,) = cases_of_json(tmp_path / "burst.json", SERVER)
+    loop_s = V1_FRONTEND["per_request_ms"] / 1e3
+    assert not queues_at_the_loop(paced_case, loop_s) and queues_at_the_loop(paced_case, 1.01)  # flips at the gap
+    assert queues_at_the_loop(burst_case, loop_s)
+    alone = [t.name for t in default_terms([paced_case])]
+    assert "per_request_ms" not in alone and "v1.latency_ms" in alone
+    assert "per_request_ms" in [t.name for t in default_terms([paced_case, burst_case])]
+
+
 # --------------------------------------------------------------------------- recovering known terms
 def synthetic_folder(folder: Path, truth: ServingCalibration) -> None:
     """Runs of Llama-2-7B on an L40S under vLLM 0.11 as if measured: replays under the ``truth`` calibration,

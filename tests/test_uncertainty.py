@@ -255,6 +255,24 @@ def test_the_docs_blocks_are_current_and_coverage_meets_the_target_on_the_shared
     assert by_family.loc["all", "coverage_pct"] >= 80.0  # issue 29's target, here on the runs left out one by one
 
 
+def test_the_flag_check_names_the_figure_behind_each_runs_worst_error() -> None:
+    from sim.uncertainty.coverage import flag_check, flag_line
+
+    rows = [  # run, metric, error %, cost model, load: "quiet" is off by 30% on its queue only, "busy" above 0.9
+        ("quiet", "ttft_p50_ms", 3.0, "calibrated", 0.2), ("quiet", "queue_mean_ms", -30.0, "calibrated", 0.2),
+        ("busy", "ttft_p50_ms", 40.0, "calibrated", 0.95), ("busy", "e2e_p50_ms", -5.0, "calibrated", 0.95),
+    ]  # fmt: skip
+    validation = pd.DataFrame(rows, columns=["run", "metric", "error_pct", "cost_model", "load_frac"])
+    checked = flag_check(validation).set_index("run")
+    assert checked.loc["quiet", "worst_metric"] == "queue_mean_ms" and checked.loc["quiet", "worst_error_pct"] == 30.0
+    assert checked.loc["quiet", "worst_median_error_pct"] == 3.0 and not checked.loc["quiet", "flagged"]
+    assert checked.loc["busy", "worst_metric"] == "ttft_p50_ms" and checked.loc["busy", "flagged"]
+    assert flag_line(flag_check(validation)) == (
+        "Runs with a figure more than 25% off: 2 of 2 (1 flagged; not flagged: quiet (queue_mean_ms 30%)); "
+        "with a median (TTFT, TPOT, E2E) more than 25% off: 1."
+    )
+
+
 # --------------------------------------------------------------------------- bands
 def test_the_cdfs_shade_each_policys_interval_around_its_line() -> None:
     from sim.report.html import cdf_figure
