@@ -33,6 +33,7 @@ from sim.io.outputs import CSV_FLOAT_FORMAT, atomic_file
 from sim.io.safe_paths import check_target
 from sim.validation.cases import POLICY_NAME, SATURATED, Case
 from sim.validation.folder import load_cases
+from sim.validation.spans import engine_intake_s
 from sim.validation.tables import report_markdown
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +99,11 @@ def replay_case(case: Case) -> Outcome:
         if math.isnan(load) and case.requested_rps:
             load = case.requested_rps / _capacity(scenario)
     requests = result.requests[result.requests["policy"] == POLICY_NAME]
+    if case.measured_at_engine:  # the engine's own queue clock starts when its loop takes the request in
+        every = result.facts.get("iterations_every", {}).get(POLICY_NAME, 1)
+        assert every == 1, f"{case.name}: the replay kept every {every}th pass; the intake times need them all"
+        passes = result.iterations[result.iterations["policy"] == POLICY_NAME]
+        requests = requests.assign(engine_intake_s=engine_intake_s(requests["arrival_s"], passes))
     return Outcome(requests, str(result.facts["cost_model"]), load)
 
 

@@ -81,10 +81,34 @@ class TraceCase(Case):
         rows = []
         for span, column in SPANS.items():
             real, sim = self.requests[column].to_numpy(), done[SIMULATED[span]].to_numpy()
+            if span == "queue" and "engine_intake_s" in done:  # the engine's clock, as vLLM measures it
+                sim = (done["first_scheduled_s"] - done["engine_intake_s"]).to_numpy()
             floor = QUEUE_FLOOR_MS if span == "queue" else 0.0
             rows += [Residual(f"{span}_{s}_ms", "ms", stat_ms(real, s), stat_ms(sim, s), floor) for s in STATS]
             rows += per_request(span, real, sim)
         return rows
+
+
+def engine_intake_s(arrival_s: pd.Series, passes: pd.DataFrame) -> np.ndarray:
+    """When the engine takes each request in: at its arrival if no pass is running, else when that pass ends.
+
+    vLLM's V1 engine core reads new requests only between steps (``EngineCore.run_busy_loop``: the input queue,
+    then one engine step; ``vllm/v1/engine/core.py`` at v0.11.0), and its queue time starts there
+    (``Scheduler.add_request`` records ``QUEUED``; ``queued_time = scheduled_ts - queued_ts`` in
+    ``vllm/v1/metrics/stats.py``). batchsim's ``queue_delay_s`` starts at arrival, so a request that arrives
+    mid-pass carries the rest of that pass too: comparing the two measured different spans.
+
+    Args:
+        arrival_s: the requests' arrival times at the engine.
+        passes: the replay's iteration rows (``start_s``, ``duration_s``), every pass of its one replica.
+    """
+    order = np.argsort(passes["start_s"].to_numpy(dtype=float), kind="stable")
+    starts = passes["start_s"].to_numpy(dtype=float)[order]
+    ends = starts + passes["duration_s"].to_numpy(dtype=float)[order]
+    arrivals = arrival_s.to_numpy(dtype=float)
+    latest = np.searchsorted(starts, arrivals, side="right") - 1  # the last pass started at or before arrival
+    running_end = np.where(latest >= 0, ends[np.maximum(latest, 0)], -np.inf)
+    return np.where(running_end > arrivals, running_end, arrivals)
 
 
 def per_request(span: str, real_s: np.ndarray, sim_s: np.ndarray) -> list[Residual]:
