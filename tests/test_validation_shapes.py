@@ -335,10 +335,11 @@ def test_shared_v1_folder_holds_every_stage_and_trace_run() -> None:
 
 def test_the_engine_takes_a_request_in_when_the_pass_in_flight_ends() -> None:
     """vLLM's engine loop reads new requests between steps: one arriving mid-pass is queued at that pass's end,
-    one arriving while the engine idles (before the first pass, in a gap, at a pass's very end) at once."""
+    one arriving while the engine idles (before the first pass, in a gap, at a pass's very end) at once, and so
+    is one arriving as a pass starts (an idle engine starts its pass for it)."""
     from sim.validation.spans import engine_intake_s
 
     passes = pd.DataFrame({"start_s": [2.0, 1.0, 5.0], "duration_s": [1.0, 0.5, 2.0]})  # unsorted on purpose
     arrivals = pd.Series([0.5, 1.2, 1.5, 2.0, 2.9, 3.0, 4.0, 6.0, 7.5])
-    expected = [0.5, 1.5, 1.5, 3.0, 3.0, 3.0, 4.0, 7.0, 7.5]
+    expected = [0.5, 1.5, 1.5, 2.0, 3.0, 3.0, 4.0, 7.0, 7.5]
     assert engine_intake_s(arrivals, passes).tolist() == expected

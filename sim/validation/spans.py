@@ -83,6 +83,7 @@ class TraceCase(Case):
             real, sim = self.requests[column].to_numpy(), done[SIMULATED[span]].to_numpy()
             if span == "queue" and "engine_intake_s" in done:  # the engine's clock, as vLLM measures it
                 sim = (done["first_scheduled_s"] - done["engine_intake_s"]).to_numpy()
+                assert (sim >= 0).all(), f"{self.name}: a request was scheduled before the engine took it in"
             floor = QUEUE_FLOOR_MS if span == "queue" else 0.0
             rows += [Residual(f"{span}_{s}_ms", "ms", stat_ms(real, s), stat_ms(sim, s), floor) for s in STATS]
             rows += per_request(span, real, sim)
@@ -106,7 +107,9 @@ def engine_intake_s(arrival_s: pd.Series, passes: pd.DataFrame) -> np.ndarray:
     starts = passes["start_s"].to_numpy(dtype=float)[order]
     ends = starts + passes["duration_s"].to_numpy(dtype=float)[order]
     arrivals = arrival_s.to_numpy(dtype=float)
-    latest = np.searchsorted(starts, arrivals, side="right") - 1  # the last pass started at or before arrival
+    # The last pass started strictly before the arrival: one starting at that very instant is the request's
+    # own (an idle engine starts a pass for it when it arrives), not one in flight.
+    latest = np.searchsorted(starts, arrivals, side="left") - 1
     running_end = np.where(latest >= 0, ends[np.maximum(latest, 0)], -np.inf)
     return np.where(running_end > arrivals, running_end, arrivals)
 
