@@ -30,7 +30,7 @@ from sim.metrics.pass_runs import PassRuns
 from sim.serving.clock import delay_until
 from sim.serving.fast.kernels import Kernel
 from sim.serving.fast.replica import Totals
-from sim.serving.fast.span import Span, SpanPricer, decode_span
+from sim.serving.fast.span import SpanPricer, decode_span
 
 NORMAL, URGENT = 1, 0  # SimPy's event priorities
 _NONE: list = []  # the plan parts of a pass that has none (never appended to)
@@ -261,15 +261,12 @@ class Fleet:
             horizon_s = self._horizon_s()
             passes = 1
             if pure:  # repeat it while nothing else can happen
-                span = decode_span(state, pricer, self._external[0] if self._inert else horizon_s, start_s,
-                                   duration_s, used, totals[3], totals[4])  # fmt: skip
+                span = decode_span(state, pricer, self._runs, self._external[0] if self._inert else horizon_s,
+                                   start_s, duration_s, used, totals[3], totals[4])  # fmt: skip
                 if span is not None:
-                    self._record_span(worker, span, totals[3], totals[4])
-                    done = passes = span.done + 1
-                    start_s, duration_s = span.starts[done - 1], span.durations[done - 1]
-                    totals = (0, 0, 0.0, totals[3], totals[4] + span.done * state.count)
-                    if span.useds is not None:
-                        used = span.useds[done - 1]
+                    done, start_s, duration_s, used = span
+                    passes = done + 1
+                    totals = (0, 0, 0.0, totals[3], totals[4] + done * state.count)
             worker.scheduler_calls += passes
             end_s = start_s + duration_s
             if end_s < horizon_s:  # nothing else before it ends: end it now
@@ -281,18 +278,6 @@ class Fleet:
             worker.in_flight = (pieces, decode, pure, start_s, duration_s, totals, used, passes)
             self._push(worker, end_s)
             return
-
-    def _record_span(self, worker: FastWorker, span: Span, seqs: int, first_kv: int) -> None:
-        """Record a span's ended passes into the replica's open decode run."""
-        done, step = span.done, worker.state.count
-        useds = span.useds
-        run = self._runs.decode_run(worker.index, seqs, first_kv, step, useds[0] if useds else
-                                    worker.state.used_blocks, useds is not None)  # fmt: skip
-        run.starts += span.starts[:done]
-        run.durations += span.durations[:done]
-        if useds is not None:
-            run.useds += useds[:done]  # type: ignore[operator]
-        run.next_kv = first_kv + done * step
 
     def _record_decode(
         self, worker: FastWorker, start_s: float, duration_s: float, seqs: int, kv: int, step: int, used: int
