@@ -111,6 +111,7 @@ class Fleet:
         self._on_iteration = on_iteration
         self._inert = inert
         self._audit_every = audit_every
+        self._watched = bool(audit_every) or on_iteration is not None  # else ``_passes_ended`` has nothing to do
         self._external = (math.inf, NORMAL, 0)  # SimPy's next own event, as (time, priority, id)
         self._external_len = -1
 
@@ -207,7 +208,8 @@ class Fleet:
                 _, _, _, start_s, duration_s, totals, used, passes = in_flight
                 self._record_decode(worker, start_s, duration_s, totals[3], totals[4], state.count, used)
                 state.end_decode(now_s)
-                self._passes_ended(worker, passes)
+                if self._watched:
+                    self._passes_ended(worker, passes)
                 self._run(worker, now_s, True, state.begin_decode())
                 return
             self._run(worker, now_s, self._end(worker, now_s, *in_flight))
@@ -218,12 +220,6 @@ class Fleet:
             self._push(worker, now_s)
             return
         self._run(worker, now_s, False)
-
-    def _horizon_s(self) -> float:
-        """The earliest time another event is due (another replica's or SimPy's)."""
-        heap = self._heap
-        external_s = (self._external if len(self._queue) == self._external_len else self._external_head())[0]
-        return min(heap[0][0], external_s) if heap else external_s
 
     def _run(self, worker: FastWorker, clock: float, reuse: bool, begun: Totals | None = None) -> None:
         """Plan and begin passes from ``clock`` on, ending each at once while no other event comes first.
@@ -236,6 +232,7 @@ class Fleet:
         worker.gen += 1
         state = worker.state
         pricer = worker.pricer
+        heap, queue = self._heap, self._queue
         while True:
             if begun is not None:
                 totals, begun = begun, None
@@ -258,7 +255,9 @@ class Fleet:
                 raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
             used = state.used_blocks
             start_s = clock
-            horizon_s = self._horizon_s()
+            # the earliest time another event is due (another replica's or SimPy's), inline: once per pass
+            external_s = (self._external if len(queue) == self._external_len else self._external_head())[0]
+            horizon_s = heap[0][0] if heap and heap[0][0] < external_s else external_s
             passes = 1
             if pure:  # repeat it while nothing else can happen
                 span = decode_span(state, pricer, self._runs, self._external[0] if self._inert else horizon_s,
@@ -308,7 +307,8 @@ class Fleet:
             )  # fmt: skip
         if completed:
             self._on_completed(completed)
-        self._passes_ended(worker, passes)
+        if self._watched:
+            self._passes_ended(worker, passes)
         return pure and not completed
 
     def _passes_ended(self, worker: FastWorker, passes: int) -> None:

@@ -263,7 +263,7 @@ class ChunkedKernel(_PagedLedger):
 
     def _continue_prefills(self, budget: int) -> int:
         pieces, slots = self.pieces, self.slots
-        for _, rid in list(self.prefilling):
+        for _, rid in self.prefilling:  # not changed while a plan is made (preemptions apply in ``begin``)
             if budget <= 0:
                 break
             if rid in self.preempt:

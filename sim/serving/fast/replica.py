@@ -143,8 +143,12 @@ class FastReplica(SlotGroup):
             self._preempt(preempt, now_s)
         if pieces:
             running = self.running
-            joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
-            if joiners and self.whole_prompt:
+            if not self.whole_prompt:  # a loop, not a list of joiners: this runs at every prefill pass
+                for rid, _ in pieces:
+                    if rid not in running:
+                        self._admit(rid, now_s)
+            else:  # every joiner admitted, then their whole (re)prefills granted (as the general path does)
+                joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
                 slots, blocks_for = self.slots, self.blocks_for
                 for slot in joiners:
                     grow = blocks_for(slots.target[slot]) - slots.blocks[slot]
