@@ -186,7 +186,7 @@ class Fleet:
             while heap:
                 head = heap[0]
                 external = self._external if len(queue) == self._external_len else self._external_head()
-                if external < head[:3]:
+                if external < head:  # as ``external < head[:3]``: event ids are unique, so no tie reaches the rest
                     break
                 heappop(heap)
                 at_s, _, _, worker, gen = head
@@ -206,7 +206,14 @@ class Fleet:
             state = worker.state
             if in_flight[2] and not state.touched and state.can_repeat_decode():  # plan it again: end, begin
                 _, _, _, start_s, duration_s, totals, used, passes = in_flight
-                self._record_decode(worker, start_s, duration_s, totals[3], totals[4], state.count, used)
+                # ``_record_decode`` inline: with many replicas nearly every pass comes this way
+                kv, step = totals[4], state.count
+                run = self._runs.decode_run(worker.index, totals[3], kv, step, used, state.reserve_tokens is None)
+                run.starts.append(start_s)
+                run.durations.append(duration_s)
+                if run.useds is not None:
+                    run.useds.append(used)
+                run.next_kv = kv + step
                 state.end_decode(now_s)
                 if self._watched:
                     self._passes_ended(worker, passes)
@@ -259,9 +266,10 @@ class Fleet:
             external_s = (self._external if len(queue) == self._external_len else self._external_head())[0]
             horizon_s = heap[0][0] if heap and heap[0][0] < external_s else external_s
             passes = 1
-            if pure:  # repeat it while nothing else can happen
-                span = decode_span(state, pricer, self._runs, self._external[0] if self._inert else horizon_s,
-                                   start_s, duration_s, used, totals[3], totals[4])  # fmt: skip
+            span_horizon_s = external_s if self._inert else horizon_s
+            if pure and start_s + duration_s < span_horizon_s:  # repeat it while nothing else can happen
+                span = decode_span(state, pricer, self._runs, span_horizon_s, start_s, duration_s, used, totals[3],
+                                   totals[4])  # fmt: skip
                 if span is not None:
                     done, start_s, duration_s, used = span
                     passes = done + 1

@@ -22,6 +22,7 @@ from sim.serving.fast.replica import FastReplica
 from sim.serving.merge import MAX_AHEAD_PASSES
 
 DecodeTerms = tuple[float, float, float, float, float]
+_UNSEEN = ()  # a batch size the pricer has not looked up yet
 
 
 class SpanPricer:
@@ -55,7 +56,9 @@ class SpanPricer:
 
     def decode_s(self, seqs: int, kv: int) -> float:
         """The duration of a pure decode pass of ``seqs`` sequences reading ``kv`` KV tokens."""
-        terms = self.terms(seqs)
+        terms = self._cache.get(seqs, _UNSEEN)  # the cache read inline: once per pure decode pass
+        if terms is _UNSEEN:
+            terms = self.terms(seqs)
         if terms is None:
             return self.price(0, 0, 0.0, seqs, kv)
         a, b, d2, c, e = terms
