@@ -45,7 +45,7 @@ class Kernel(FastReplica):
         pieces: list[tuple[int, int]] = []
         free = self.total_blocks - self.used_blocks
         reserve, size, status = self.reserve_tokens, self.block_size, self._status
-        prompt, generated = self._prompt, self.records.generated_tokens
+        prompt, generated = self._prompt, self.cols.generated_tokens
         for rid in self.waiting:
             if status[rid] != WAITING:
                 continue
@@ -56,7 +56,7 @@ class Kernel(FastReplica):
             if blocks > free:
                 break
             free -= blocks
-            pieces.append((rid, length + int(generated[rid])))
+            pieces.append((rid, length + generated[rid]))
             room -= 1
         return pieces
 

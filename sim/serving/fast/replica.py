@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import COMPLETED, RUNNING, TIMED_OUT, WAITING, RequestRecords
+from sim.serving.fast.columns import RecordViews
 from sim.serving.fast.group import DECODE, FINISH_SHIFT, IDLE_SLOT, PREFILL, SlotGroup, Slots
 from sim.serving.kv_cache import KVOverflowError
 
@@ -48,7 +49,8 @@ class FastReplica(SlotGroup):
     ) -> None:  # fmt: skip
         self.index = index
         self.records = records
-        self._status = records.status
+        self.cols = RecordViews(records)  # the same columns, read and written as Python numbers
+        self._status = self.cols.status
         self._prompt = prompt_tokens
         self._output = output_tokens
         self.total_blocks = kv_blocks
@@ -108,12 +110,12 @@ class FastReplica(SlotGroup):
 
     def queued_tokens(self, rid: int) -> int:
         """Tokens queued request ``rid`` must compute before its next token (prompt + generated)."""
-        return self._prompt[rid] + int(self.records.generated_tokens[rid])
+        return self._prompt[rid] + self.cols.generated_tokens[rid]
 
     # ------------------------------------------------------------------ clients
     def enqueue(self, rid: int, now_s: float) -> None:
         """A request (re)sent to this replica joins the back of the queue."""
-        records = self.records
+        records = self.cols
         self.touched = True
         self._status[rid] = WAITING
         records.replica[rid] = self.index
@@ -127,7 +129,7 @@ class FastReplica(SlotGroup):
         self.touched = True
         status = self._status[rid]
         self._status[rid] = TIMED_OUT
-        self.records.completion_s[rid] = now_s
+        self.cols.completion_s[rid] = now_s
         if status == WAITING:
             self._queue_changed(now_s, -1)
             self.outstanding_tokens -= self._prompt[rid] + self._output[rid]
@@ -289,7 +291,7 @@ class FastReplica(SlotGroup):
         self.waiting_count += delta
 
     def _admit(self, rid: int, now_s: float) -> int:
-        records, status = self.records, self._status
+        records, status = self.cols, self._status
         if status[rid] != WAITING:
             raise RuntimeError(f"policy admitted request {rid}, which is not waiting")
         waiting = self.waiting
@@ -301,9 +303,9 @@ class FastReplica(SlotGroup):
         status[rid] = RUNNING
         if records.first_scheduled_s[rid] != records.first_scheduled_s[rid]:  # NaN: first time
             records.first_scheduled_s[rid] = now_s
-        key = (float(records.arrival_s[rid]), rid)
+        key = (records.arrival_s[rid], rid)
         prompt = self._prompt[rid]
-        slot = self.slots.take(rid, prompt, self._output[rid], prompt + int(records.generated_tokens[rid]), key)
+        slot = self.slots.take(rid, prompt, self._output[rid], prompt + records.generated_tokens[rid], key)
         if self.reserve_tokens is not None:
             blocks = self.slots.blocks[slot] = -(-(prompt + self.reserve_tokens) // self.block_size)
             self._allocate(blocks)
@@ -319,7 +321,7 @@ class FastReplica(SlotGroup):
         rid, prompt = slots.rid[slot], slots.prompt[slot]
         generated = slots.target[slot] - prompt + 1
         if generated == 1:
-            self.records.first_token_s[rid] = now_s
+            self.cols.first_token_s[rid] = now_s
         elif self.last_token_s:  # a re-prefill after preemption: the stream resumes
             last_s = self.last_token_s.pop(rid, None)
             if last_s is not None:
@@ -332,7 +334,7 @@ class FastReplica(SlotGroup):
             self.add(slot, now_s)
 
     def _finish(self, slot: int, now_s: float, completed: list[int]) -> None:
-        slots, records = self.slots, self.records
+        slots, records = self.slots, self.cols
         rid = slots.rid[slot]
         self._status[rid] = COMPLETED
         records.completion_s[rid] = now_s
@@ -355,7 +357,7 @@ class FastReplica(SlotGroup):
         self.idle_slot_kv_tokens = 0
 
     def _preempt(self, victims: list[int], now_s: float) -> None:
-        records, slots, running = self.records, self.slots, self.running
+        records, slots, running = self.cols, self.slots, self.running
         keys = []
         for rid in victims:
             slot = running[rid]
@@ -378,7 +380,7 @@ class FastReplica(SlotGroup):
             slot = running.get(rid)
             if slot is None or slots.phase[slot] == IDLE_SLOT:
                 continue
-            self.records.generated_tokens[rid] = self._generated(slot)
+            self.cols.generated_tokens[rid] = self._generated(slot)
             self.outstanding_tokens -= self._remaining(slot)
             self._remove(slot)
             if self.last_token_s:
@@ -448,4 +450,4 @@ class FastReplica(SlotGroup):
         """When the head of the queue joined it (inf if empty)."""
         status = self._status
         head = next((rid for rid in self.waiting if status[rid] == WAITING), None)
-        return math.inf if head is None else float(self.records.enqueued_s[head])
+        return math.inf if head is None else self.cols.enqueued_s[head]
