@@ -95,9 +95,13 @@ def decode_span(
     step_kv = state.count
     paged = state.reserve_tokens is None
     if paged:  # each repeat's new blocks must fit (else the policy preempts)
-        limit = _fitting_steps(state.block_need_cycle(), state.total_blocks - used_blocks, limit)
-        if limit <= 0:
-            return None
+        free = state.total_blocks - used_blocks
+        # a member needs one new block every ``block_size`` steps: when even that many for every member fit,
+        # all ``limit`` repeats do, and the step by step count (as long as ``limit``) is not needed
+        if -(-limit // state.block_size) * step_kv > free:
+            limit = _fitting_steps(state.block_need_cycle(), free, limit)
+            if limit <= 0:
+                return None
     run = runs.decode_run(state.index, seqs, first_kv, step_kv, used_blocks, paged)
     starts, durations = run.starts, run.durations
     first = len(starts)
