@@ -243,11 +243,12 @@ class ChunkedKernel(_PagedLedger):
         """See the class docstring."""
         self.pop_abandoned_heads()
         self._new_plan()
-        if self.count:
+        if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
             self._preempt_until(self._try_decode_step)
-        decodes = self._decoders_left()
+        preempt = self.preempt  # (filled in place by the preemptions below)
+        decodes = self._decoders_left() if preempt else self.count
         budget = self._continue_prefills(self.chunk_size - decodes)
-        still = self._decoders_left()
+        still = self._decoders_left() if preempt else self.count
         self.decode = still > 0
         budget += decodes - still
         room = self.max_running - (len(self.running) - len(self.preempt))
