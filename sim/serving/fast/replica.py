@@ -207,9 +207,13 @@ class FastReplica(SlotGroup):
         """``end`` of a pure decode pass that completes no one and has no cancellation waiting."""
         count = self.count
         self.outstanding_tokens -= count
-        self.step += 1
+        self.step = step = self.step + 1
         self.kv_tokens += count
-        self.event(now_s)
+        if self.veterans == self.run_veterans == count and not self.joiners:  # ``event`` when only its time is new
+            self.times.append(now_s)
+            self.event_s, self.event_step = now_s, step
+        else:
+            self.event(now_s)
 
     def _begin_prefills(self, pieces: list[tuple[int, int]]) -> tuple[int, float]:
         slots, running, paged = self.slots, self.running, self.reserve_tokens is None
