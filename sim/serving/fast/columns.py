@@ -10,7 +10,25 @@ bits either way: a float64 element is a Python float, an integer element a Pytho
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from sim.metrics.records import RequestRecords
+
+
+class IntColumn(Protocol):
+    """An integer column, element by element (typeshed types a memoryview's items as ints only)."""
+
+    def __getitem__(self, index: int) -> int: ...  # noqa: D105
+
+    def __setitem__(self, index: int, value: int) -> None: ...  # noqa: D105
+
+
+class FloatColumn(Protocol):
+    """A float64 column, element by element."""
+
+    def __getitem__(self, index: int) -> float: ...  # noqa: D105
+
+    def __setitem__(self, index: int, value: float) -> None: ...  # noqa: D105
 
 
 class RecordViews:
@@ -25,15 +43,15 @@ class RecordViews:
         "generated_tokens", "preemptions",
     )  # fmt: skip
 
-    status: memoryview
-    replica: memoryview
-    arrival_s: memoryview
-    enqueued_s: memoryview
-    first_scheduled_s: memoryview
-    first_token_s: memoryview
-    completion_s: memoryview
-    generated_tokens: memoryview
-    preemptions: memoryview
+    status: IntColumn
+    replica: IntColumn
+    arrival_s: FloatColumn
+    enqueued_s: FloatColumn
+    first_scheduled_s: FloatColumn
+    first_token_s: FloatColumn
+    completion_s: FloatColumn
+    generated_tokens: IntColumn
+    preemptions: IntColumn
 
     def __init__(self, records: RequestRecords) -> None:
         for name in self.__slots__:

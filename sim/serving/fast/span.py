@@ -22,7 +22,7 @@ from sim.serving.fast.replica import FastReplica
 from sim.serving.merge import MAX_AHEAD_PASSES
 
 DecodeTerms = tuple[float, float, float, float, float]
-_UNSEEN = ()  # a batch size the pricer has not looked up yet
+_UNSEEN: Any = object()  # what the cache gives for a batch size not looked up yet
 
 
 class SpanPricer:
