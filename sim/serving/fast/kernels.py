@@ -143,9 +143,9 @@ class _PagedLedger(Kernel):
         return True
 
     def _try_extend(self, rid: int, tokens: int) -> bool:
-        slot = self.running[rid]
-        need = max(0, self.blocks_for(self.slots.computed[slot] + tokens) - self.slots.blocks[slot])
-        return self._take(rid, need)
+        slot, slots = self.running[rid], self.slots
+        need = -(-(slots.computed[slot] + tokens) // self.block_size) - slots.blocks[slot]  # ``blocks_for``, inline
+        return self._take(rid, need if need > 0 else 0)
 
     def _ledger_release(self, rid: int) -> None:
         """Count running request ``rid`` as preempted in this plan: its blocks and promises come back."""
