@@ -31,6 +31,7 @@ from sim.config import (
 from sim.policies.table import make_policy
 from sim.serving.engine import Engine
 from sim.serving.fast.paths import KERNELS, MIRRORED, _code_tokens, decision_digest, fast_path_refusal
+from sim.serving.fast.span import _fitting_steps
 
 
 def _both(stream, policy, kwargs, cost=COST) -> tuple[Engine, Engine]:
@@ -256,3 +257,37 @@ def test_a_scenario_records_each_policys_path_and_can_turn_the_fast_path_off() -
     for table in ("requests", "iterations"):
         pd.testing.assert_frame_equal(getattr(fast, table), getattr(general, table), check_exact=True)
     pd.testing.assert_frame_equal(fast.summary, general.summary, check_exact=True)
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=16), st.integers(0, 400), st.integers(1, 200))
+def test_a_paged_span_skips_the_step_by_step_fit_only_when_every_repeat_fits(cycle, free, limit) -> None:
+    """``decode_span`` takes all ``limit`` repeats without counting them when a block per member every
+    ``block_size`` steps fits: then the count step by step agrees (``cycle``: new blocks per step, repeating,
+    summing to the members)."""
+    members = sum(cycle)
+    fits = _fitting_steps(cycle, free, limit)
+    if -(-limit // len(cycle)) * members <= free:
+        assert fits == limit
+    assert sum(cycle[k % len(cycle)] for k in range(fits)) <= free
+
+
+@given(
+    st.lists(st.floats(allow_nan=False), min_size=1, max_size=8),
+    st.lists(st.integers(0, 2**31 - 1), min_size=8, max_size=8),
+)
+def test_record_views_read_and_write_the_records_own_arrays(times, counts) -> None:
+    """The replicas' element-wise views (``RecordViews``) give Python numbers with the arrays' bits, and what
+    they write is in the arrays the tables are made of."""
+    from sim.metrics.records import RequestRecords
+    from sim.serving.fast.columns import RecordViews
+
+    records = RequestRecords(8)
+    views = RecordViews(records)
+    for rid, value in enumerate(times):
+        views.completion_s[rid] = value
+        assert records.completion_s[rid].tobytes() == np.float64(value).tobytes()
+        assert type(views.completion_s[rid]) is float
+    records.generated_tokens[:] = counts
+    assert [views.generated_tokens[rid] for rid in range(8)] == counts
+    assert views.completion_s[len(times) - 1] == times[-1]
+    assert views.first_token_s[0] != views.first_token_s[0]  # NaN, as the records start

@@ -30,6 +30,7 @@ how many passes, and the decode KV's growth per pass."""
 _WIDTH = len(RUN_FIELDS)
 STAGE_RUNS = 1 << 13
 """Runs kept as one flat Python list before they are packed into the typed columns."""
+_STAGE_VALUES = STAGE_RUNS * _WIDTH
 MAX_RUN_PASSES = 1 << 15
 """An open decode run is closed after this many passes (bounds the Python lists it keeps)."""
 
@@ -82,7 +83,7 @@ class PassRuns:
         self.start_s.append(start_s)
         self.duration_s.append(duration_s)
         self.passes += 1
-        if len(self._runs) >= STAGE_RUNS * _WIDTH:
+        if len(self._runs) >= _STAGE_VALUES:
             self.flush()
 
     def decode_run(self, replica: int, decodes: int, kv_tokens: int, step: int, used: int, per_pass: bool) -> DecodeRun:
@@ -113,7 +114,7 @@ class PassRuns:
         if run.useds is not None:
             self._used.extend(run.useds)
         self.passes += n
-        if len(self._runs) >= STAGE_RUNS * _WIDTH:
+        if len(self._runs) >= _STAGE_VALUES:
             self.flush()
 
     def flush(self) -> None:

@@ -30,7 +30,7 @@ from sim.metrics.pass_runs import PassRuns
 from sim.serving.clock import delay_until
 from sim.serving.fast.kernels import Kernel
 from sim.serving.fast.replica import Totals
-from sim.serving.fast.span import Span, SpanPricer, decode_span
+from sim.serving.fast.span import SpanPricer, decode_span
 
 NORMAL, URGENT = 1, 0  # SimPy's event priorities
 _NONE: list = []  # the plan parts of a pass that has none (never appended to)
@@ -111,6 +111,7 @@ class Fleet:
         self._on_iteration = on_iteration
         self._inert = inert
         self._audit_every = audit_every
+        self._watched = bool(audit_every) or on_iteration is not None  # else ``_passes_ended`` has nothing to do
         self._external = (math.inf, NORMAL, 0)  # SimPy's next own event, as (time, priority, id)
         self._external_len = -1
 
@@ -185,7 +186,7 @@ class Fleet:
             while heap:
                 head = heap[0]
                 external = self._external if len(queue) == self._external_len else self._external_head()
-                if external < head[:3]:
+                if external < head:  # as ``external < head[:3]``: event ids are unique, so no tie reaches the rest
                     break
                 heappop(heap)
                 at_s, _, _, worker, gen = head
@@ -205,9 +206,17 @@ class Fleet:
             state = worker.state
             if in_flight[2] and not state.touched and state.can_repeat_decode():  # plan it again: end, begin
                 _, _, _, start_s, duration_s, totals, used, passes = in_flight
-                self._record_decode(worker, start_s, duration_s, totals[3], totals[4], state.count, used)
+                # ``_record_decode`` inline: with many replicas nearly every pass comes this way
+                kv, step = totals[4], state.count
+                run = self._runs.decode_run(worker.index, totals[3], kv, step, used, state.reserve_tokens is None)
+                run.starts.append(start_s)
+                run.durations.append(duration_s)
+                if run.useds is not None:
+                    run.useds.append(used)
+                run.next_kv = kv + step
                 state.end_decode(now_s)
-                self._passes_ended(worker, passes)
+                if self._watched:
+                    self._passes_ended(worker, passes)
                 self._run(worker, now_s, True, state.begin_decode())
                 return
             self._run(worker, now_s, self._end(worker, now_s, *in_flight))
@@ -218,12 +227,6 @@ class Fleet:
             self._push(worker, now_s)
             return
         self._run(worker, now_s, False)
-
-    def _horizon_s(self) -> float:
-        """The earliest time another event is due (another replica's or SimPy's)."""
-        heap = self._heap
-        external_s = (self._external if len(self._queue) == self._external_len else self._external_head())[0]
-        return min(heap[0][0], external_s) if heap else external_s
 
     def _run(self, worker: FastWorker, clock: float, reuse: bool, begun: Totals | None = None) -> None:
         """Plan and begin passes from ``clock`` on, ending each at once while no other event comes first.
@@ -236,6 +239,7 @@ class Fleet:
         worker.gen += 1
         state = worker.state
         pricer = worker.pricer
+        heap, queue = self._heap, self._queue
         while True:
             if begun is not None:
                 totals, begun = begun, None
@@ -258,18 +262,18 @@ class Fleet:
                 raise ValueError(f"cost model returned {duration_s!r} s for totals {totals}")
             used = state.used_blocks
             start_s = clock
-            horizon_s = self._horizon_s()
+            # the earliest time another event is due (another replica's or SimPy's), inline: once per pass
+            external_s = (self._external if len(queue) == self._external_len else self._external_head())[0]
+            horizon_s = heap[0][0] if heap and heap[0][0] < external_s else external_s
             passes = 1
-            if pure:  # repeat it while nothing else can happen
-                span = decode_span(state, pricer, self._external[0] if self._inert else horizon_s, start_s,
-                                   duration_s, used, totals[3], totals[4])  # fmt: skip
+            span_horizon_s = external_s if self._inert else horizon_s
+            if pure and start_s + duration_s < span_horizon_s:  # repeat it while nothing else can happen
+                span = decode_span(state, pricer, self._runs, span_horizon_s, start_s, duration_s, used, totals[3],
+                                   totals[4])  # fmt: skip
                 if span is not None:
-                    self._record_span(worker, span, totals[3], totals[4])
-                    done = passes = span.done + 1
-                    start_s, duration_s = span.starts[done - 1], span.durations[done - 1]
-                    totals = (0, 0, 0.0, totals[3], totals[4] + span.done * state.count)
-                    if span.useds is not None:
-                        used = span.useds[done - 1]
+                    done, start_s, duration_s, used = span
+                    passes = done + 1
+                    totals = (0, 0, 0.0, totals[3], totals[4] + done * state.count)
             worker.scheduler_calls += passes
             end_s = start_s + duration_s
             if end_s < horizon_s:  # nothing else before it ends: end it now
@@ -281,18 +285,6 @@ class Fleet:
             worker.in_flight = (pieces, decode, pure, start_s, duration_s, totals, used, passes)
             self._push(worker, end_s)
             return
-
-    def _record_span(self, worker: FastWorker, span: Span, seqs: int, first_kv: int) -> None:
-        """Record a span's ended passes into the replica's open decode run."""
-        done, step = span.done, worker.state.count
-        useds = span.useds
-        run = self._runs.decode_run(worker.index, seqs, first_kv, step, useds[0] if useds else
-                                    worker.state.used_blocks, useds is not None)  # fmt: skip
-        run.starts += span.starts[:done]
-        run.durations += span.durations[:done]
-        if useds is not None:
-            run.useds += useds[:done]  # type: ignore[operator]
-        run.next_kv = first_kv + done * step
 
     def _record_decode(
         self, worker: FastWorker, start_s: float, duration_s: float, seqs: int, kv: int, step: int, used: int
@@ -323,7 +315,8 @@ class Fleet:
             )  # fmt: skip
         if completed:
             self._on_completed(completed)
-        self._passes_ended(worker, passes)
+        if self._watched:
+            self._passes_ended(worker, passes)
         return pure and not completed
 
     def _passes_ended(self, worker: FastWorker, passes: int) -> None:

@@ -19,6 +19,8 @@ from sim.metrics.itl import ITLRecorder
 PREFILL, DECODE, IDLE_SLOT, GONE = range(4)
 """Phases of a slot's request, as :mod:`sim.serving.sequences` names them."""
 
+_NO_SLOTS: list[int] = []  # what ``advance`` returns when no one completes (never appended to)
+
 SLOT_BITS = 24
 JOIN_BITS = 38
 FINISH_SHIFT = SLOT_BITS + JOIN_BITS
@@ -201,11 +203,15 @@ class SlotGroup:
         self.step = step = self.step + 1
         self.kv_tokens += self.count
         if event_s is not None:
-            self.event(event_s)
+            if self.veterans == self.run_veterans == self.count and not self.joiners:  # only the time is new
+                self.times.append(event_s)
+                self.event_s, self.event_step = event_s, step
+            else:
+                self.event(event_s)
         heap = self.heap
         limit = (step + 1) << FINISH_SHIFT
         if not heap or heap[0] >= limit:
-            return []
+            return _NO_SLOTS
         slots = self.slots
         phase, join = slots.phase, slots.join
         finished = []

@@ -45,7 +45,7 @@ class Kernel(FastReplica):
         pieces: list[tuple[int, int]] = []
         free = self.total_blocks - self.used_blocks
         reserve, size, status = self.reserve_tokens, self.block_size, self._status
-        prompt, generated = self._prompt, self.records.generated_tokens
+        prompt, generated = self._prompt, self.cols.generated_tokens
         for rid in self.waiting:
             if status[rid] != WAITING:
                 continue
@@ -56,7 +56,7 @@ class Kernel(FastReplica):
             if blocks > free:
                 break
             free -= blocks
-            pieces.append((rid, length + int(generated[rid])))
+            pieces.append((rid, length + generated[rid]))
             room -= 1
         return pieces
 
@@ -143,9 +143,9 @@ class _PagedLedger(Kernel):
         return True
 
     def _try_extend(self, rid: int, tokens: int) -> bool:
-        slot = self.running[rid]
-        need = max(0, self.blocks_for(self.slots.computed[slot] + tokens) - self.slots.blocks[slot])
-        return self._take(rid, need)
+        slot, slots = self.running[rid], self.slots
+        need = -(-(slots.computed[slot] + tokens) // self.block_size) - slots.blocks[slot]  # ``blocks_for``, inline
+        return self._take(rid, need if need > 0 else 0)
 
     def _ledger_release(self, rid: int) -> None:
         """Count running request ``rid`` as preempted in this plan: its blocks and promises come back."""
@@ -243,11 +243,12 @@ class ChunkedKernel(_PagedLedger):
         """See the class docstring."""
         self.pop_abandoned_heads()
         self._new_plan()
-        if self.count:
+        if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
             self._preempt_until(self._try_decode_step)
-        decodes = self._decoders_left()
+        preempt = self.preempt  # (filled in place by the preemptions below)
+        decodes = self._decoders_left() if preempt else self.count
         budget = self._continue_prefills(self.chunk_size - decodes)
-        still = self._decoders_left()
+        still = self._decoders_left() if preempt else self.count
         self.decode = still > 0
         budget += decodes - still
         room = self.max_running - (len(self.running) - len(self.preempt))
@@ -263,7 +264,7 @@ class ChunkedKernel(_PagedLedger):
 
     def _continue_prefills(self, budget: int) -> int:
         pieces, slots = self.pieces, self.slots
-        for _, rid in list(self.prefilling):
+        for _, rid in self.prefilling:  # not changed while a plan is made (preemptions apply in ``begin``)
             if budget <= 0:
                 break
             if rid in self.preempt:

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 from sim.metrics.itl import ITLRecorder
 from sim.metrics.records import COMPLETED, RUNNING, TIMED_OUT, WAITING, RequestRecords
+from sim.serving.fast.columns import RecordViews
 from sim.serving.fast.group import DECODE, FINISH_SHIFT, IDLE_SLOT, PREFILL, SlotGroup, Slots
 from sim.serving.kv_cache import KVOverflowError
 
@@ -48,7 +49,8 @@ class FastReplica(SlotGroup):
     ) -> None:  # fmt: skip
         self.index = index
         self.records = records
-        self._status = records.status
+        self.cols = RecordViews(records)  # the same columns, read and written as Python numbers
+        self._status = self.cols.status
         self._prompt = prompt_tokens
         self._output = output_tokens
         self.total_blocks = kv_blocks
@@ -108,12 +110,12 @@ class FastReplica(SlotGroup):
 
     def queued_tokens(self, rid: int) -> int:
         """Tokens queued request ``rid`` must compute before its next token (prompt + generated)."""
-        return self._prompt[rid] + int(self.records.generated_tokens[rid])
+        return self._prompt[rid] + self.cols.generated_tokens[rid]
 
     # ------------------------------------------------------------------ clients
     def enqueue(self, rid: int, now_s: float) -> None:
         """A request (re)sent to this replica joins the back of the queue."""
-        records = self.records
+        records = self.cols
         self.touched = True
         self._status[rid] = WAITING
         records.replica[rid] = self.index
@@ -127,7 +129,7 @@ class FastReplica(SlotGroup):
         self.touched = True
         status = self._status[rid]
         self._status[rid] = TIMED_OUT
-        self.records.completion_s[rid] = now_s
+        self.cols.completion_s[rid] = now_s
         if status == WAITING:
             self._queue_changed(now_s, -1)
             self.outstanding_tokens -= self._prompt[rid] + self._output[rid]
@@ -143,8 +145,12 @@ class FastReplica(SlotGroup):
             self._preempt(preempt, now_s)
         if pieces:
             running = self.running
-            joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
-            if joiners and self.whole_prompt:
+            if not self.whole_prompt:  # a loop, not a list of joiners: this runs at every prefill pass
+                for rid, _ in pieces:
+                    if rid not in running:
+                        self._admit(rid, now_s)
+            else:  # every joiner admitted, then their whole (re)prefills granted (as the general path does)
+                joiners = [self._admit(rid, now_s) for rid, _ in pieces if rid not in running]
                 slots, blocks_for = self.slots, self.blocks_for
                 for slot in joiners:
                     grow = blocks_for(slots.target[slot]) - slots.blocks[slot]
@@ -201,9 +207,13 @@ class FastReplica(SlotGroup):
         """``end`` of a pure decode pass that completes no one and has no cancellation waiting."""
         count = self.count
         self.outstanding_tokens -= count
-        self.step += 1
+        self.step = step = self.step + 1
         self.kv_tokens += count
-        self.event(now_s)
+        if self.veterans == self.run_veterans == count and not self.joiners:  # ``event`` when only its time is new
+            self.times.append(now_s)
+            self.event_s, self.event_step = now_s, step
+        else:
+            self.event(now_s)
 
     def _begin_prefills(self, pieces: list[tuple[int, int]]) -> tuple[int, float]:
         slots, running, paged = self.slots, self.running, self.reserve_tokens is None
@@ -285,7 +295,7 @@ class FastReplica(SlotGroup):
         self.waiting_count += delta
 
     def _admit(self, rid: int, now_s: float) -> int:
-        records, status = self.records, self._status
+        records, status = self.cols, self._status
         if status[rid] != WAITING:
             raise RuntimeError(f"policy admitted request {rid}, which is not waiting")
         waiting = self.waiting
@@ -297,9 +307,9 @@ class FastReplica(SlotGroup):
         status[rid] = RUNNING
         if records.first_scheduled_s[rid] != records.first_scheduled_s[rid]:  # NaN: first time
             records.first_scheduled_s[rid] = now_s
-        key = (float(records.arrival_s[rid]), rid)
+        key = (records.arrival_s[rid], rid)
         prompt = self._prompt[rid]
-        slot = self.slots.take(rid, prompt, self._output[rid], prompt + int(records.generated_tokens[rid]), key)
+        slot = self.slots.take(rid, prompt, self._output[rid], prompt + records.generated_tokens[rid], key)
         if self.reserve_tokens is not None:
             blocks = self.slots.blocks[slot] = -(-(prompt + self.reserve_tokens) // self.block_size)
             self._allocate(blocks)
@@ -315,7 +325,7 @@ class FastReplica(SlotGroup):
         rid, prompt = slots.rid[slot], slots.prompt[slot]
         generated = slots.target[slot] - prompt + 1
         if generated == 1:
-            self.records.first_token_s[rid] = now_s
+            self.cols.first_token_s[rid] = now_s
         elif self.last_token_s:  # a re-prefill after preemption: the stream resumes
             last_s = self.last_token_s.pop(rid, None)
             if last_s is not None:
@@ -328,7 +338,7 @@ class FastReplica(SlotGroup):
             self.add(slot, now_s)
 
     def _finish(self, slot: int, now_s: float, completed: list[int]) -> None:
-        slots, records = self.slots, self.records
+        slots, records = self.slots, self.cols
         rid = slots.rid[slot]
         self._status[rid] = COMPLETED
         records.completion_s[rid] = now_s
@@ -351,7 +361,7 @@ class FastReplica(SlotGroup):
         self.idle_slot_kv_tokens = 0
 
     def _preempt(self, victims: list[int], now_s: float) -> None:
-        records, slots, running = self.records, self.slots, self.running
+        records, slots, running = self.cols, self.slots, self.running
         keys = []
         for rid in victims:
             slot = running[rid]
@@ -374,7 +384,7 @@ class FastReplica(SlotGroup):
             slot = running.get(rid)
             if slot is None or slots.phase[slot] == IDLE_SLOT:
                 continue
-            self.records.generated_tokens[rid] = self._generated(slot)
+            self.cols.generated_tokens[rid] = self._generated(slot)
             self.outstanding_tokens -= self._remaining(slot)
             self._remove(slot)
             if self.last_token_s:
@@ -444,4 +454,4 @@ class FastReplica(SlotGroup):
         """When the head of the queue joined it (inf if empty)."""
         status = self._status
         head = next((rid for rid in self.waiting if status[rid] == WAITING), None)
-        return math.inf if head is None else float(self.records.enqueued_s[head])
+        return math.inf if head is None else self.cols.enqueued_s[head]

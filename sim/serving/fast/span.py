@@ -4,23 +4,25 @@ The same rule as :func:`sim.serving.merge.decode_span` (read its docstring): a p
 of a steady policy is ended early and begun again while no other event is due before it ends,
 no member gets its last token, no cancellation waits and (paged memory) the next step's blocks
 are free. Every pass is priced as the first of its scheduling step, its start summed one by one,
-and recorded as its own row; the replica is advanced once for all of them. Where the cost model
-gives its decode terms (:meth:`sim.hardware.cost_model.CostModel.decode_terms`) a pass is priced
-by the same arithmetic inline, without a call.
+and written as its own row straight into the replica's open decode run; the replica is advanced
+once for all of them. Where the cost model gives its decode terms
+(:meth:`sim.hardware.cost_model.CostModel.decode_terms`) a pass is priced by the same arithmetic
+inline, without a call.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import accumulate
 from typing import Any
 
+from sim.metrics.pass_runs import PassRuns
 from sim.serving.cuda_graphs import CUDAGraphPadding
 from sim.serving.fast.replica import FastReplica
 from sim.serving.merge import MAX_AHEAD_PASSES
 
 DecodeTerms = tuple[float, float, float, float, float]
+_UNSEEN: Any = object()  # what the cache gives for a batch size not looked up yet
 
 
 class SpanPricer:
@@ -54,38 +56,35 @@ class SpanPricer:
 
     def decode_s(self, seqs: int, kv: int) -> float:
         """The duration of a pure decode pass of ``seqs`` sequences reading ``kv`` KV tokens."""
-        terms = self.terms(seqs)
+        terms = self._cache.get(seqs, _UNSEEN)  # the cache read inline: once per pure decode pass
+        if terms is _UNSEEN:
+            terms = self.terms(seqs)
         if terms is None:
             return self.price(0, 0, 0.0, seqs, kv)
         a, b, d2, c, e = terms
         return a + (b + d2 * kv) + c + e
 
 
-class Span:
-    """The passes a pure decode pass was repeated into: all but the last ended (their rows to record)."""
-
-    __slots__ = ("starts", "durations", "useds", "done")
-
-    def __init__(self, starts: list[float], durations: list[float], useds: list[int] | None, done: int) -> None:
-        self.starts, self.durations, self.useds, self.done = starts, durations, useds, done
-
-
 def decode_span(
     state: FastReplica,
     pricer: SpanPricer,
+    runs: PassRuns,
     horizon_s: float,
     start_s: float,
     duration_s: float,
     used_blocks: int,
     seqs: int,
     first_kv: int,
-) -> Span | None:
+) -> tuple[int, float, float, int] | None:
     """Repeat the pure decode pass of ``seqs`` sequences and ``first_kv`` KV tokens just begun at ``start_s``
-    while it merges, and advance the replica over the repeats (None: no repeat).
+    while it merges, record the ended passes in the replica's open decode run of ``runs`` and advance the
+    replica over them (None: no repeat).
+
+    The passes are written straight into the run's lists as they are priced (no copies: a span is
+    only a few passes long under load, so per-span overhead is what counts).
 
     Returns:
-        The ended passes (starts, durations, blocks in use under paged memory) followed by the last
-        pass, the one in flight, and how many passes ended.
+        How many passes ended, and the start, duration and blocks in use of the last pass, the one in flight.
     """
     end_s = start_s + duration_s
     if end_s >= horizon_s or state.cancelled or not state.count:
@@ -96,23 +95,35 @@ def decode_span(
     step_kv = state.count
     paged = state.reserve_tokens is None
     if paged:  # each repeat's new blocks must fit (else the policy preempts)
-        limit = _fitting_steps(state.block_need_cycle(), state.total_blocks - used_blocks, limit)
-    durations = [duration_s]
+        free = state.total_blocks - used_blocks
+        # a member needs one new block every ``block_size`` steps: when even that many for every member fit,
+        # all ``limit`` repeats do, and the step by step count (as long as ``limit``) is not needed
+        if -(-limit // state.block_size) * step_kv > free:
+            limit = _fitting_steps(state.block_need_cycle(), free, limit)
+            if limit <= 0:
+                return None
+    run = runs.decode_run(state.index, seqs, first_kv, step_kv, used_blocks, paged)
+    starts, durations = run.starts, run.durations
+    first = len(starts)
+    starts.append(start_s)
+    durations.append(duration_s)
     terms = pricer.terms(seqs)
     if terms is not None:
-        _priced_inline(terms, durations, end_s, horizon_s, first_kv, step_kv, limit)
+        _priced_inline(terms, starts, durations, end_s, horizon_s, first_kv, step_kv, limit)
+        if not 0.0 <= durations[-1] < math.inf:  # the largest: the others are in range then
+            raise ValueError(f"cost model returned {durations[-1]!r} s for a decode pass of {seqs} sequences")
     else:
-        _priced_by_calls(pricer.price, seqs, durations, end_s, horizon_s, first_kv, step_kv, limit)
-    done = len(durations) - 1
-    if not done:
-        return None
-    if terms is not None and not 0.0 <= durations[-1] < math.inf:  # the largest: the others are in range then
-        raise ValueError(f"cost model returned {durations[-1]!r} s for a decode pass of {seqs} sequences")
-    starts = list(accumulate(durations, initial=start_s))  # the same sums, one by one, as the clock takes them
-    del starts[-1]
-    useds = _blocks_in_use(state.block_need_cycle(), used_blocks, done + 1) if paged else None
-    state.repeat_decodes(starts[1:], useds[-1] - used_blocks if useds else 0)
-    return Span(starts, durations, useds, done)
+        _priced_by_calls(pricer.price, seqs, starts, durations, end_s, horizon_s, first_kv, step_kv, limit)
+    last_start_s, last_duration_s = starts.pop(), durations.pop()  # in flight: recorded when it ends
+    done = len(starts) - first
+    ends = starts[first + 1 :]
+    ends.append(last_start_s)
+    used = used_blocks
+    if paged:
+        used = _blocks_in_use(state.block_need_cycle(), used_blocks, done + 1, run.useds)  # type: ignore[arg-type]
+    state.repeat_decodes(ends, used - used_blocks)
+    run.next_kv = first_kv + done * step_kv
+    return done, last_start_s, last_duration_s, used
 
 
 def _fitting_steps(cycle: list[int], free: int, limit: int) -> int:
@@ -126,18 +137,19 @@ def _fitting_steps(cycle: list[int], free: int, limit: int) -> int:
     return limit
 
 
-def _blocks_in_use(cycle: list[int], used: int, passes: int) -> list[int]:
-    """Blocks in use during each of ``passes`` passes, the first using ``used``."""
-    useds = [used]
+def _blocks_in_use(cycle: list[int], used: int, passes: int, useds: list[int]) -> int:
+    """Append the blocks in use of each of the first ``passes - 1`` of ``passes`` passes, the first using
+    ``used``, to ``useds``; return those of the last."""
     size = len(cycle)
     for done in range(passes - 1):
-        used += cycle[done % size]
         useds.append(used)
-    return useds
+        used += cycle[done % size]
+    return used
 
 
 def _priced_inline(
     terms: DecodeTerms,
+    starts: list[float],
     durations: list[float],
     end_s: float,
     horizon_s: float,
@@ -145,18 +157,20 @@ def _priced_inline(
     step_kv: int,
     limit: int,
 ) -> None:
-    """Append the repeats' durations, ``((a + (b + d2 * kv)) + c) + e``, until one ends at or after the horizon.
+    """Append the repeats' starts and durations, ``((a + (b + d2 * kv)) + c) + e``, until one ends at or
+    after the horizon. Each start is the previous one's end, summed one by one as the clock takes them.
 
     ``d2 >= 0`` (checked by the pricer) makes the durations grow with the KV: the caller checks the last.
     """
     a, b, d2, c, e = terms
-    add = durations.append
+    add, begin = durations.append, starts.append
     kvs = range(first_kv + step_kv, first_kv + step_kv * (limit + 1), step_kv)
     if c == 0.0 and e == 0.0:  # adding 0.0 changes no duration: leave it out
         for kv in kvs:
             if end_s >= horizon_s:
                 return
             duration_s = a + (b + d2 * kv)
+            begin(end_s)
             add(duration_s)
             end_s += duration_s
         return
@@ -164,16 +178,17 @@ def _priced_inline(
         if end_s >= horizon_s:
             return
         duration_s = a + (b + d2 * kv) + c + e
+        begin(end_s)
         add(duration_s)
         end_s += duration_s
 
 
 def _priced_by_calls(
-    price: Callable[..., float], seqs: int, durations: list[float], end_s: float, horizon_s: float,
-    first_kv: int, step_kv: int, limit: int,
+    price: Callable[..., float], seqs: int, starts: list[float], durations: list[float], end_s: float,
+    horizon_s: float, first_kv: int, step_kv: int, limit: int,
 ) -> None:  # fmt: skip
     """As :func:`_priced_inline`, asking ``price`` for every pass (each checked)."""
-    add = durations.append
+    add, begin = durations.append, starts.append
     inf = math.inf
     for kv in range(first_kv + step_kv, first_kv + step_kv * (limit + 1), step_kv):
         if end_s >= horizon_s:
@@ -181,5 +196,6 @@ def _priced_by_calls(
         duration_s = price(0, 0, 0.0, seqs, kv)
         if not 0.0 <= duration_s < inf:
             raise ValueError(f"cost model returned {duration_s!r} s for {seqs} decodes, {kv} KV tokens")
+        begin(end_s)
         add(duration_s)
         end_s += duration_s
