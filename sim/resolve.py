@@ -59,8 +59,9 @@ class ResolvedScenario:
             UserError: naming ``policies[i].speculative.draft_model``, when the draft model does not fit.
         """
         utilization = getattr(policy, "gpu_memory_utilization", None)
-        own = utilization is not None and not self.kv.pinned
-        kv = _kv_budget(self.scenario, self.model, self.gpu, utilization) if own else self.kv
+        kv = self.kv
+        if utilization is not None and not self.kv.pinned:
+            kv = _kv_budget(self.scenario, self.model, self.gpu, utilization)
         draft = self.draft_models.get(policy.name)
         return kv if draft is None else kv_with_draft(kv, draft, self.scenario.tensor_parallel)
 

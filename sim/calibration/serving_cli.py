@@ -142,7 +142,7 @@ def calibrate_serving(folder: Path, defaults: Mapping[str, Any] | None = None,
     presets = baseline[baseline["run"].isin([c.name for c in kept]) & baseline["metric"].isin(sf.FITTED_METRICS)]
     fitted = joint.residuals
     fit_errors = fitted.assign(error_pct=100 * (fitted["simulated"] / fitted["measured"] - 1))
-    record = {
+    record: dict[str, Any] = {
         "folder": str(Path(folder).resolve().name), "command": "python -m sim calibrate-serving",
         "runs": [c.name for c in kept], "left_out_saturated": [c.name for c in cases if c not in kept],
         "terms": {t.name: {"preset": t.start, "fitted": v} for t, v in zip(terms, joint.values, strict=True)},

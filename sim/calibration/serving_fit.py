@@ -169,7 +169,7 @@ def fit(terms: Sequence[Term], cases: Sequence[Case], *, method: str = "least_sq
 
     def vector(x: np.ndarray) -> np.ndarray:
         count[0] += 1
-        return residual_table(cases, calibration_with(terms, x, base))["log_error"].to_numpy()
+        return residual_table(cases, calibration_with(terms, x.tolist(), base))["log_error"].to_numpy()
 
     if method == "least_squares":
         steps = np.array([t.step for t in terms])

@@ -114,7 +114,12 @@ class Engine:
         self.setup = setup
         self.env = simpy.Environment()
         self.records = RequestRecords(len(stream))
-        self.iterations = IterationRecords(pipeline=replica.pipeline is not None)
+        # The two paths fill these with their own objects, alike in what the rest of the engine reads (records,
+        # routable replicas, worker counters): typed loosely here rather than by a protocol per attribute.
+        self.iterations: Any = IterationRecords(pipeline=replica.pipeline is not None)
+        self.states: list[Any] = []
+        self.replicas: Sequence[Any] = []
+        self.workers: list[Any] = []
         self.itl = ITLRecorder()
         self._progress = progress
         self._passes = 0

@@ -194,6 +194,8 @@ class PlannedCache:
         if need and self._walk is None:
             self._walk = self._blocks.queue()
         touched, doomed, walk = self._touched, self._doomed, self._walk
+        if walk is None:  # only when nothing is left to walk (set just above otherwise)
+            walk = iter(())
         while need:
             entry = next(walk, None)
             if entry is None:  # past the queue's end: the victims' blocks, freed after it

@@ -13,6 +13,7 @@ slot), ordered as the general path orders its ``(finish step, join number)`` ent
 from __future__ import annotations
 
 from heapq import heappop, heappush
+from typing import Any
 
 from sim.metrics.itl import ITLRecorder
 
@@ -73,11 +74,12 @@ class Slots:
             self.phase[slot], self.key[slot] = PREFILL, key
             return slot
         slot = len(self.rid)
-        for column, value in (
+        fields: tuple[tuple[list[Any], Any], ...] = (
             (self.rid, rid), (self.prompt, prompt), (self.output, output), (self.target, target),
             (self.computed, 0), (self.blocks, 0), (self.phase, PREFILL), (self.key, key),
             (self.start_step, 0), (self.start_context, 0), (self.residue, 0), (self.last_s, 0.0), (self.join, 0),
-        ):  # fmt: skip
+        )  # fmt: skip
+        for column, value in fields:
             column.append(value)
         return slot
 

@@ -13,6 +13,7 @@ that policy (``KERNEL_SOURCES``), never gives different results.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from sim.metrics.records import WAITING
 from sim.policies.base import VLLM_WATERMARK_FRACTION
@@ -272,7 +273,7 @@ class ChunkedKernel(_PagedLedger):
             slot = self.running[rid]
             tokens = min(budget, slots.target[slot] - slots.computed[slot])
             if self._try_extend(rid, tokens) or self._preempt_until(
-                lambda rid=rid, tokens=tokens: self._try_extend(rid, tokens), requester=rid
+                partial(self._try_extend, rid, tokens), requester=rid
             ):
                 pieces.append((rid, tokens))
                 budget -= tokens

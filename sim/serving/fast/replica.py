@@ -261,9 +261,9 @@ class FastReplica(SlotGroup):
         if pieces:
             slots, running = self.slots, self.running
             for rid, _ in pieces:
-                slot = running.get(rid)
-                if slot is not None and slots.phase[slot] == PREFILL and slots.computed[slot] == slots.target[slot]:
-                    self._emit_prefill_token(slot, now_s, completed)
+                held = running.get(rid)
+                if held is not None and slots.phase[held] == PREFILL and slots.computed[held] == slots.target[held]:
+                    self._emit_prefill_token(held, now_s, completed)
         if self.idle_slots and not self.count and not self.prefilling:
             self._end_static_batch()
         return completed
