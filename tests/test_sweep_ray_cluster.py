@@ -2,9 +2,10 @@
 
 The cluster is a head started as an operator would (``ray start --head --num-cpus 2 --block``, on free ports);
 the sweep runs as a user runs it (``python -m sim sweep --backend ray --address HOST:PORT``, its own process).
-Afterwards the cluster's own job table must list that process as a driver, it must still be the only node, and
-no new Ray session may have appeared on this machine (a private ``ray.init()`` starts one). The rows must be the
-local backend's to the last digit.
+Afterwards the cluster's own job table must list that process as a driver (a process holds one Ray connection,
+so its tasks ran on this cluster, not on a private ``ray.init()``), and the head must still be the only node.
+The rows must be the local backend's to the last digit. (Counting Ray sessions on the machine would be no
+proof: another test may start a private Ray at the same time.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_CLI = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")  # this venv's first
-RAY_TMP = Path("/tmp/ray")  # where every Ray on this machine keeps its sessions (Ray's default)
 # Ray >= 2.5x turns on token auth for `ray start`; a loopback test head opts out (as benchmarks/bench_sweep.py).
 HEAD_ENV = {"RAY_AUTH_MODE": "disabled"}
 
@@ -74,10 +74,6 @@ def ray_head(log: Path) -> Iterator[str]:
             os.killpg(head.pid, signal.SIGKILL)
 
 
-def _sessions() -> set[str]:
-    return {p.name for p in RAY_TMP.glob("session_2*")} if RAY_TMP.is_dir() else set()
-
-
 def _cluster_facts(address: str) -> tuple[list[int], list[float]]:
     """Driver PIDs in the cluster's job table, and the CPUs of each of its live nodes (asked in a fresh process:
     this one must not hold a Ray connection while later tests fork their pools)."""
@@ -112,14 +108,11 @@ def test_a_sweep_joins_a_running_cluster_and_its_points_run_there(tmp_path: Path
     local = sweep("--workers", "1", out=tmp_path / "local")
     assert local.wait(timeout=300) == 0, local.stderr.read() if local.stderr else ""
     with ray_head(tmp_path / "head.log") as address:
-        before = _sessions()
         joined = sweep("--backend", "ray", "--address", address, out=tmp_path / "ray")
         assert joined.wait(timeout=400) == 0, joined.stderr.read() if joined.stderr else ""
-        after = _sessions()
         drivers, cpus = _cluster_facts(address)
     assert joined.pid in drivers, f"the sweep's process {joined.pid} is not a driver of the cluster: {drivers}"
     assert cpus == [2.0], f"the cluster grew or lost its head: live nodes' CPUs {cpus}"
-    assert after == before, f"a private Ray session appeared: {sorted(after - before)}"
     import json
 
     execution = json.loads((tmp_path / "ray" / "sweep.json").read_text())["execution"]
