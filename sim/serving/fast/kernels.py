@@ -243,6 +243,8 @@ class ChunkedKernel(_PagedLedger):
     def decide(self, now_s: float) -> bool:
         """See the class docstring."""
         self.pop_abandoned_heads()
+        if self._plan_without_ledger():
+            return True
         self._new_plan()
         if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
             self._preempt_until(self._try_decode_step)
@@ -256,6 +258,40 @@ class ChunkedKernel(_PagedLedger):
         if self.waiting_count and room > 0 and budget > 0:
             self._admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)
         return self.decode or bool(self.pieces)
+
+    def _plan_without_ledger(self) -> bool:
+        """The two common plans, when they are certain without the ledger: everyone decodes (and the step's
+        blocks fit) and either nothing else can be planned, or the oldest prefill takes the whole budget left
+        (and its blocks fit too). Returns whether it planned; else ``decide`` plans in full.
+
+        Nothing is preempted then, so ``decide`` would continue that oldest prefill first, with all of the
+        budget, and end with none left for another prefill or a joiner: the same plan.
+        """
+        count = self.count
+        free = self.total_blocks - self.used_blocks
+        if count:
+            free -= self.per_residue[-self.step % self.block_size]
+            if free < 0:
+                return False
+        budget = self.chunk_size - count
+        prefilling = self.prefilling
+        if not prefilling:
+            if count and not (self.waiting_count and budget > 0 and len(self.running) < self.max_running):
+                self.pieces, self.preempt, self.decode = _NONE, _NONE, True
+                return True
+            return False
+        if budget <= 0:
+            return False
+        rid = prefilling[0][1]
+        slots = self.slots
+        slot = self.running[rid]
+        done = slots.computed[slot]
+        if slots.target[slot] - done < budget:  # the last chunk, with budget left for others: the full plan
+            return False
+        if -(-(done + budget) // self.block_size) - slots.blocks[slot] > free:
+            return False
+        self.pieces, self.preempt, self.decode = [(rid, budget)], _NONE, count > 0
+        return True
 
     def _decoders_left(self) -> int:
         if not self.preempt:
