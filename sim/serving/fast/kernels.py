@@ -18,7 +18,7 @@ from functools import partial
 from sim.metrics.records import WAITING
 from sim.policies.base import VLLM_WATERMARK_FRACTION
 from sim.serving.fast.group import DECODE
-from sim.serving.fast.replica import FastReplica
+from sim.serving.fast.replica import FastReplica, Totals
 
 _NONE: list = []  # the plan parts of a pass that has none (never appended to)
 
@@ -239,12 +239,15 @@ class ChunkedKernel(_PagedLedger):
         super().__init__(policy, *args, **kwargs)
         self.chunk_size: int = policy.chunk_size  # type: ignore[attr-defined]
         self.max_running: int = policy.max_running  # type: ignore[attr-defined]
+        self._chunk_slot = -1  # the one prefill chunk of a plan made without the ledger (-1: none)
+        self._chunk_blocks = 0  # the new blocks of that plan: the decode step's and the chunk's
 
     def decide(self, now_s: float) -> bool:
         """See the class docstring."""
         self.pop_abandoned_heads()
-        if self._plan_without_ledger():
-            return True
+        if self._plan_without_preemption():
+            return self.decode or bool(self.pieces)
+        self._chunk_slot = -1
         self._new_plan()
         if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
             self._preempt_until(self._try_decode_step)
@@ -259,39 +262,98 @@ class ChunkedKernel(_PagedLedger):
             self._admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)
         return self.decode or bool(self.pieces)
 
-    def _plan_without_ledger(self) -> bool:
-        """The two common plans, when they are certain without the ledger: everyone decodes (and the step's
-        blocks fit) and either nothing else can be planned, or the oldest prefill takes the whole budget left
-        (and its blocks fit too). Returns whether it planned; else ``decide`` plans in full.
+    def _plan_without_preemption(self) -> bool:
+        """``decide``'s plan in one pass over local numbers, when it preempts no one: the decode step's blocks
+        fit, and so do those of every prefill chunk it continues. Returns whether it planned (the plan may be
+        empty); else nothing is changed and ``decide`` plans in full, with the ledger.
 
-        Nothing is preempted then, so ``decide`` would continue that oldest prefill first, with all of the
-        budget, and end with none left for another prefill or a joiner: the same plan.
+        Without a preemption the full plan's ledger only counts free blocks down (``_take``), its decoders
+        and budget stay as they were, and the watermark sees the same running requests: the same plan.
         """
         count = self.count
-        free = self.total_blocks - self.used_blocks
-        if count:
-            free -= self.per_residue[-self.step % self.block_size]
-            if free < 0:
-                return False
+        step_blocks = self.per_residue[-self.step % self.block_size] if count else 0
+        free = self.total_blocks - self.used_blocks - step_blocks
+        if free < 0:
+            return False
         budget = self.chunk_size - count
+        size = self.block_size
+        pieces: list[tuple[int, int]] = _NONE
+        chunk_slot = -1
+        chunk_blocks = step_blocks
         prefilling = self.prefilling
-        if not prefilling:
-            if count and not (self.waiting_count and budget > 0 and len(self.running) < self.max_running):
-                self.pieces, self.preempt, self.decode = _NONE, _NONE, True
-                return True
-            return False
-        if budget <= 0:
-            return False
-        rid = prefilling[0][1]
-        slots = self.slots
-        slot = self.running[rid]
-        done = slots.computed[slot]
-        if slots.target[slot] - done < budget:  # the last chunk, with budget left for others: the full plan
-            return False
-        if -(-(done + budget) // self.block_size) - slots.blocks[slot] > free:
-            return False
-        self.pieces, self.preempt, self.decode = [(rid, budget)], _NONE, count > 0
+        if prefilling and budget > 0:
+            running, slots = self.running, self.slots
+            computed, target, blocks = slots.computed, slots.target, slots.blocks
+            pieces = []
+            for _, rid in prefilling:
+                if budget <= 0:
+                    break
+                slot = running[rid]
+                done = computed[slot]
+                tokens = min(budget, target[slot] - done)
+                grow = -(-(done + tokens) // size) - blocks[slot]
+                if grow > 0:
+                    if grow > free:
+                        return False  # a preemption may follow: the full plan
+                    free -= grow
+                    chunk_blocks += grow
+                pieces.append((rid, tokens))
+                budget -= tokens
+                chunk_slot = slot
+            if len(pieces) > 1:
+                chunk_slot = -1
+        room = self.max_running - len(self.running)
+        if self.waiting_count and room > 0 and budget > 0:
+            if pieces is _NONE:
+                pieces = []
+            chunk_slot = -1
+            self._admit_free(pieces, free, room, budget)
+        self.pieces, self.preempt, self.decode = pieces, _NONE, count > 0
+        self._chunk_slot, self._chunk_blocks = chunk_slot, chunk_blocks
         return True
+
+    def _admit_free(self, pieces: list[tuple[int, int]], free: int, room: int, budget: int) -> None:
+        """``_admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)`` over ``free``
+        blocks instead of the ledger's."""
+        status, prompt, generated = self._status, self._prompt, self.cols.generated_tokens
+        keep = int(self._watermark() * self.total_blocks)
+        size, whole_prompt = self.block_size, self.whole_prompt
+        for rid in self.waiting:
+            if status[rid] != WAITING:
+                continue
+            if room <= 0 or budget <= 0:
+                break
+            whole = prompt[rid] + generated[rid]
+            tokens = min(whole, int(budget))
+            blocks = -(-(whole if whole_prompt else tokens) // size)
+            if blocks + keep > free:
+                break
+            free -= blocks
+            pieces.append((rid, tokens))
+            room -= 1
+            budget -= tokens
+
+    def begin(self, pieces: list[tuple[int, int]], preempt: list[int], decode: bool, pad: bool, now_s: float) -> Totals:
+        """``FastReplica.begin``, in one step for a plan of one continued chunk and no joiner made without the
+        ledger (its new blocks counted by the plan)."""
+        slot = self._chunk_slot
+        if slot < 0:
+            return super().begin(pieces, preempt, decode, pad, now_s)
+        self._chunk_slot = -1
+        self._allocate(self._chunk_blocks)
+        slots = self.slots
+        done = slots.computed[slot]
+        tokens = pieces[0][1]
+        grow = -(-(done + tokens) // self.block_size) - slots.blocks[slot]
+        if grow > 0:
+            slots.blocks[slot] += grow
+        slots.computed[slot] = done + tokens
+        self.prefill_context_tokens = done
+        self.outstanding_tokens -= tokens
+        attention_work = tokens * (done + tokens / 2)  # as ``_begin_prefills`` sums it: 0.0 + x is x
+        if decode:
+            return tokens, 1, attention_work, self.count, self.kv_tokens
+        return tokens, 1, attention_work, 0, 0
 
     def _decoders_left(self) -> int:
         if not self.preempt:
