@@ -243,38 +243,21 @@ class ChunkedKernel(_PagedLedger):
         self._chunk_blocks = 0  # the new blocks of that plan: the decode step's and the chunk's
 
     def decide(self, now_s: float) -> bool:
-        """See the class docstring."""
-        self.pop_abandoned_heads()
-        if self._plan_without_preemption():
-            return self.decode or bool(self.pieces)
-        self._chunk_slot = -1
-        self._new_plan()
-        if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
-            self._preempt_until(self._try_decode_step)
-        preempt = self.preempt  # (filled in place by the preemptions below)
-        decodes = self._decoders_left() if preempt else self.count
-        budget = self._continue_prefills(self.chunk_size - decodes)
-        still = self._decoders_left() if preempt else self.count
-        self.decode = still > 0
-        budget += decodes - still
-        room = self.max_running - (len(self.running) - len(self.preempt))
-        if self.waiting_count and room > 0 and budget > 0:
-            self._admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)
-        return self.decode or bool(self.pieces)
+        """See the class docstring.
 
-    def _plan_without_preemption(self) -> bool:
-        """``decide``'s plan in one pass over local numbers, when it preempts no one: the decode step's blocks
-        fit, and so do those of every prefill chunk it continues. Returns whether it planned (the plan may be
-        empty); else nothing is changed and ``decide`` plans in full, with the ledger.
-
-        Without a preemption the full plan's ledger only counts free blocks down (``_take``), its decoders
-        and budget stay as they were, and the watermark sees the same running requests: the same plan.
+        The plan is made in one pass over local block counts while it preempts no one: the decode step's
+        blocks fit, and so do those of every prefill chunk it continues. Without a preemption the ledger
+        of the full plan (``_plan_with_ledger``) only counts free blocks down (``_take``), its decoders and
+        budget stay as they were, and the watermark sees the same running requests: the same plan.
         """
+        waiting = self.waiting
+        if waiting and self._status[waiting[0]] != WAITING:
+            self.pop_abandoned_heads()
         count = self.count
         step_blocks = self.per_residue[-self.step % self.block_size] if count else 0
         free = self.total_blocks - self.used_blocks - step_blocks
         if free < 0:
-            return False
+            return self._plan_with_ledger()
         budget = self.chunk_size - count
         size = self.block_size
         pieces: list[tuple[int, int]] = _NONE
@@ -290,11 +273,13 @@ class ChunkedKernel(_PagedLedger):
                     break
                 slot = running[rid]
                 done = computed[slot]
-                tokens = min(budget, target[slot] - done)
+                tokens = target[slot] - done
+                if tokens > budget:
+                    tokens = budget
                 grow = -(-(done + tokens) // size) - blocks[slot]
                 if grow > 0:
                     if grow > free:
-                        return False  # a preemption may follow: the full plan
+                        return self._plan_with_ledger()  # a preemption may follow
                     free -= grow
                     chunk_blocks += grow
                 pieces.append((rid, tokens))
@@ -310,7 +295,24 @@ class ChunkedKernel(_PagedLedger):
             self._admit_free(pieces, free, room, budget)
         self.pieces, self.preempt, self.decode = pieces, _NONE, count > 0
         self._chunk_slot, self._chunk_blocks = chunk_slot, chunk_blocks
-        return True
+        return count > 0 or bool(pieces)
+
+    def _plan_with_ledger(self) -> bool:
+        """The full plan, with the ledger's preemptions."""
+        self._chunk_slot = -1
+        self._new_plan()
+        if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
+            self._preempt_until(self._try_decode_step)
+        preempt = self.preempt  # (filled in place by the preemptions below)
+        decodes = self._decoders_left() if preempt else self.count
+        budget = self._continue_prefills(self.chunk_size - decodes)
+        still = self._decoders_left() if preempt else self.count
+        self.decode = still > 0
+        budget += decodes - still
+        room = self.max_running - (len(self.running) - len(self.preempt))
+        if self.waiting_count and room > 0 and budget > 0:
+            self._admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)
+        return self.decode or bool(self.pieces)
 
     def _admit_free(self, pieces: list[tuple[int, int]], free: int, room: int, budget: int) -> None:
         """``_admit_paged(room, budget, self._watermark(), chunked=True, oversize_alone=False)`` over ``free``
