@@ -21,6 +21,9 @@ from sim.serving.fast.group import DECODE
 from sim.serving.fast.replica import FastReplica, Totals
 
 _NONE: list = []  # the plan parts of a pass that has none (never appended to)
+_NO_CHUNK, _LEDGER = -1, -2
+"""The chunked kernel's plan, for its ``begin``: made without the ledger or joiners, with no prefill chunk (else
+the chunk's slot), or one to begin in full (``FastReplica.begin``)."""
 
 
 class Kernel(FastReplica):
@@ -239,8 +242,8 @@ class ChunkedKernel(_PagedLedger):
         super().__init__(policy, *args, **kwargs)
         self.chunk_size: int = policy.chunk_size  # type: ignore[attr-defined]
         self.max_running: int = policy.max_running  # type: ignore[attr-defined]
-        self._chunk_slot = -1  # the one prefill chunk of a plan made without the ledger (-1: none)
-        self._chunk_blocks = 0  # the new blocks of that plan: the decode step's and the chunk's
+        self._chunk_slot = _LEDGER  # the plan's one prefill chunk (see ``_NO_CHUNK``)
+        self._chunk_blocks = 0  # the new blocks of a plan made without the ledger: the decode step's and the chunk's
 
     def decide(self, now_s: float) -> bool:
         """See the class docstring.
@@ -261,7 +264,7 @@ class ChunkedKernel(_PagedLedger):
         budget = self.chunk_size - count
         size = self.block_size
         pieces: list[tuple[int, int]] = _NONE
-        chunk_slot = -1
+        chunk_slot = _NO_CHUNK
         chunk_blocks = step_blocks
         prefilling = self.prefilling
         if prefilling and budget > 0:
@@ -286,12 +289,12 @@ class ChunkedKernel(_PagedLedger):
                 budget -= tokens
                 chunk_slot = slot
             if len(pieces) > 1:
-                chunk_slot = -1
+                chunk_slot = _LEDGER
         room = self.max_running - len(self.running)
         if self.waiting_count and room > 0 and budget > 0:
             if pieces is _NONE:
                 pieces = []
-            chunk_slot = -1
+            chunk_slot = _LEDGER
             self._admit_free(pieces, free, room, budget)
         self.pieces, self.preempt, self.decode = pieces, _NONE, count > 0
         self._chunk_slot, self._chunk_blocks = chunk_slot, chunk_blocks
@@ -299,7 +302,7 @@ class ChunkedKernel(_PagedLedger):
 
     def _plan_with_ledger(self) -> bool:
         """The full plan, with the ledger's preemptions."""
-        self._chunk_slot = -1
+        self._chunk_slot = _LEDGER
         self._new_plan()
         if self.count and not self._try_decode_step():  # ``_preempt_until`` asks the same first (calls saved)
             self._preempt_until(self._try_decode_step)
@@ -336,13 +339,17 @@ class ChunkedKernel(_PagedLedger):
             budget -= tokens
 
     def begin(self, pieces: list[tuple[int, int]], preempt: list[int], decode: bool, pad: bool, now_s: float) -> Totals:
-        """``FastReplica.begin``, in one step for a plan of one continued chunk and no joiner made without the
-        ledger (its new blocks counted by the plan)."""
+        """``FastReplica.begin``, in one step for a plan made without the ledger or joiners, of decodes and at
+        most one continued chunk (its new blocks counted by the plan)."""
         slot = self._chunk_slot
-        if slot < 0:
+        if slot == _LEDGER:
             return super().begin(pieces, preempt, decode, pad, now_s)
-        self._chunk_slot = -1
-        self._allocate(self._chunk_blocks)
+        self._chunk_slot = _LEDGER
+        if self._chunk_blocks:
+            self._allocate(self._chunk_blocks)
+        if slot == _NO_CHUNK:  # a pure decode plan
+            self.prefill_context_tokens = 0
+            return 0, 0, 0.0, self.count, self.kv_tokens
         slots = self.slots
         done = slots.computed[slot]
         tokens = pieces[0][1]
