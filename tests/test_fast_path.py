@@ -75,8 +75,9 @@ def test_fast_and_general_paths_give_identical_records(case) -> None:
 
 
 @st.composite
-def crowded_runs(draw):
-    """Many requests on up to 8 replicas under KV pressure, open or closed loop, with timeouts."""
+def crowded_runs(draw, kinds=("static", "continuous", "paged", "chunked_prefill")):
+    """Many requests on up to 8 replicas under KV pressure, open or closed loop, with timeouts (a policy
+    of ``kinds``)."""
     n = draw(st.integers(20, 120))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     prompt, output = rng.integers(1, 80, n), rng.integers(1, 90, n)
@@ -87,7 +88,7 @@ def crowded_runs(draw):
 
         closed, arrival = ClosedLoop(draw(st.integers(1, 12)), rng.choice([0.0, 0.05], n)), np.full(n, np.nan)
     stream = make_stream(arrival, prompt, output, closed_loop=closed)
-    kind = draw(st.sampled_from(["static", "continuous", "paged", "chunked_prefill"]))
+    kind = draw(st.sampled_from(kinds))
     mbs = draw(st.integers(2, 32))
     policy = {
         "static": StaticPolicyConfig(name="s", max_batch_size=mbs, max_wait_s=draw(st.sampled_from([0.0, 0.02]))),
@@ -291,3 +292,42 @@ def test_record_views_read_and_write_the_records_own_arrays(times, counts) -> No
     assert [views.generated_tokens[rid] for rid in range(8)] == counts
     assert views.completion_s[len(times) - 1] == times[-1]
     assert views.first_token_s[0] != views.first_token_s[0]  # NaN, as the records start
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(1))
+@given(crowded_runs(kinds=("chunked_prefill",)))
+def test_the_chunked_plan_without_preemption_is_the_ledgers_plan(case) -> None:
+    """Where the chunked kernel plans without its ledger (nothing to preempt), the ledger's full plan of the
+    same state is the same plan, and the blocks the plan counts for its own ``begin`` are those the ledger
+    took; both plans are made at every scheduling step of a crowded run, whose records stay the general path's."""
+    from sim.serving.fast.kernels import _LEDGER, ChunkedKernel
+
+    full_plan, decide = ChunkedKernel._plan_with_ledger, ChunkedKernel.decide
+    by_ledger = []
+
+    def plan_with_ledger(self):
+        by_ledger.append(True)
+        return full_plan(self)
+
+    def both(self, now_s):
+        by_ledger.clear()
+        runs = decide(self, now_s)
+        if by_ledger:
+            event("planned with the ledger")
+            return runs
+        plan = (runs, list(self.pieces), list(self.preempt), self.decode)
+        chunk = (self._chunk_slot, self._chunk_blocks)
+        free = self.total_blocks - self.used_blocks
+        assert (full_plan(self), self.pieces, self.preempt, self.decode) == plan
+        if chunk[0] != _LEDGER:
+            event("begun in one step")
+            assert chunk[1] == free - self.free
+        self._chunk_slot, self._chunk_blocks = chunk
+        return runs
+
+    stream, policy, kwargs = case
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChunkedKernel, "_plan_with_ledger", plan_with_ledger)
+        patch.setattr(ChunkedKernel, "decide", both)
+        _assert_same(*_both(stream, policy, kwargs))
