@@ -290,12 +290,11 @@ class ChunkedKernel(_PagedLedger):
                 chunk_slot = slot
             if len(pieces) > 1:
                 chunk_slot = _LEDGER
-        room = self.max_running - len(self.running)
-        if self.waiting_count and room > 0 and budget > 0:
+        if budget > 0 and self.waiting_count and len(self.running) < self.max_running:
             if pieces is _NONE:
                 pieces = []
             chunk_slot = _LEDGER
-            self._admit_free(pieces, free, room, budget)
+            self._admit_free(pieces, free, self.max_running - len(self.running), budget)
         self.pieces, self.preempt, self.decode = pieces, _NONE, count > 0
         self._chunk_slot, self._chunk_blocks = chunk_slot, chunk_blocks
         return count > 0 or bool(pieces)
