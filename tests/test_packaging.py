@@ -65,9 +65,9 @@ def _distribution(module: str) -> str:
 def test_every_import_of_the_package_is_a_declared_dependency() -> None:
     # Ray is imported only inside the Ray backend, and is the optional [ray] extra; plotly only by
     # sim/report/html.py (report.html), the optional [html] extra; pyarrow only by sim/io/parquet.py
-    # (metrics.format: parquet), the optional [parquet] extra; vllm (and torch, its own dependency) only
-    # by sim/parity/vllm_driver.py, the optional [parity] extras.
-    parity = EXTRAS["parity"] | EXTRAS["parity-vllm011"] | {"torch"}
+    # (metrics.format: parquet), the optional [parquet] extra; vllm and torch only by
+    # sim/parity/vllm_driver.py, the optional [parity] extras.
+    parity = EXTRAS["parity"] | EXTRAS["parity-vllm011"]
     allowed = CORE | EXTRAS["ray"] | EXTRAS["html"] | EXTRAS["parquet"] | parity
     missing = {m: files for m, files in _third_party_imports(REPO / "sim").items() if _distribution(m) not in allowed}
     assert not missing, f"sim/ imports packages pyproject.toml does not declare: {missing}"
