@@ -34,6 +34,7 @@ import pandas as pd
 
 from sim.hardware.power import PowerModel
 from sim.hardware.utilization import PassWork
+from sim.metrics.running_pass import running_pass
 
 ENERGY_COLUMNS: tuple[str, ...] = (
     "energy_j", "power_w", "joules_per_token", "joules_per_request",
@@ -184,10 +185,5 @@ def _replica_watts(rows: pd.DataFrame, pass_w: np.ndarray, idle_w: float, times:
     """One GPU of one replica: the running pass's watts at each instant, idle between passes."""
     if not len(rows):
         return np.full(len(times), idle_w)
-    start = rows["start_s"].to_numpy(dtype=float)
-    end = start + rows["duration_s"].to_numpy(dtype=float)
-    order = np.argsort(start, kind="stable")
-    start, end, pass_w = start[order], end[order], pass_w[order]
-    last = np.searchsorted(start, times, side="right") - 1  # the latest pass started at or before t
-    inside = (last >= 0) & (times < end[np.clip(last, 0, None)])
-    return np.where(inside, pass_w[np.clip(last, 0, None)], idle_w)
+    running = running_pass(rows, times)
+    return np.where(running >= 0, pass_w[np.maximum(running, 0)], idle_w)

@@ -25,6 +25,7 @@ import pandas as pd
 
 from sim.errors import UserError, shown
 from sim.io.csv_reader import number_column, read_csv, require_columns, where
+from sim.metrics.running_pass import running_pass
 from sim.validation.cases import Case, Residual, completed, stat_ms
 from sim.validation.server import read_server_flags
 from sim.workload.traces import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, token_column
@@ -103,15 +104,11 @@ def engine_intake_s(arrival_s: pd.Series, passes: pd.DataFrame) -> np.ndarray:
         arrival_s: the requests' arrival times at the engine.
         passes: the replay's iteration rows (``start_s``, ``duration_s``), every pass of its one replica.
     """
-    order = np.argsort(passes["start_s"].to_numpy(dtype=float), kind="stable")
-    starts = passes["start_s"].to_numpy(dtype=float)[order]
-    ends = starts + passes["duration_s"].to_numpy(dtype=float)[order]
     arrivals = arrival_s.to_numpy(dtype=float)
-    # The last pass started strictly before the arrival: one starting at that very instant is the request's
-    # own (an idle engine starts a pass for it when it arrives), not one in flight.
-    latest = np.searchsorted(starts, arrivals, side="left") - 1
-    running_end = np.where(latest >= 0, ends[np.maximum(latest, 0)], -np.inf)
-    return np.where(running_end > arrivals, running_end, arrivals)
+    # A pass starting at the very arrival is the request's own (an idle engine starts it for the request).
+    running = running_pass(passes, arrivals, starting_counts=False)
+    ends = (passes["start_s"] + passes["duration_s"]).to_numpy(dtype=float)
+    return np.where(running >= 0, ends[np.maximum(running, 0)], arrivals)
 
 
 def per_request(span: str, real_s: np.ndarray, sim_s: np.ndarray) -> list[Residual]:
